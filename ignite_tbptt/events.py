@@ -1,0 +1,68 @@
+"""Events fired by the TBPTT trainer at window and optimizer-step boundaries."""
+
+from __future__ import annotations
+
+from ignite.contrib.engines.tbptt import Tbptt_Events
+from ignite.engine import Engine, EventEnum
+
+__all__ = ["TBPTTEvents", "register_tbptt_events"]
+
+
+class TBPTTEvents(EventEnum):
+    """Events of :func:`~ignite_tbptt.create_tbptt_trainer`, fired inside an iteration.
+
+    Each event has a counter in ``engine.state`` that starts at 0 with a fresh run, grows by one just before
+    the ``*_STARTED`` event fires, and is saved by ``engine.state_dict()``:
+
+    - ``engine.state.window``: windows started. ``WINDOW_STARTED`` fires before the window's first model call,
+      ``WINDOW_COMPLETED`` after its backward pass and, when the window completes an accumulation, after the
+      optimizer step. ``engine.state.window_loss`` then holds the window's mean per-target loss (a 0-dim tensor).
+    - ``engine.state.optimizer_step``: optimizer steps. ``OPTIMIZER_STEP_STARTED`` fires once the gradients are
+      final (summed over the accumulated windows, divided by their target count, unscaled by the
+      ``GradScaler``) and before ``optimizer.step()``: attach gradient clipping and gradient logging here.
+      ``OPTIMIZER_STEP_COMPLETED`` fires after ``optimizer.step()`` (and ``scaler.update()``).
+
+    With ``carry_hidden=True`` a window may span iterations; the window still open when an epoch ends is
+    completed in ``Events.EPOCH_COMPLETED``, before handlers attached by the user.
+
+    Because the counters are registered with ``event_to_attr``, ignite's event filters and loggers work:
+
+    .. code-block:: python
+
+        @trainer.on(TBPTTEvents.WINDOW_COMPLETED(every=100))
+        def log(engine):
+            print(engine.state.window, engine.state.window_loss.item())
+
+        tb_logger.attach_output_handler(
+            trainer, TBPTTEvents.WINDOW_COMPLETED, tag="train",
+            state_attributes=["window_loss"],
+            global_step_transform=global_step_from_engine(trainer, TBPTTEvents.WINDOW_COMPLETED),
+        )
+
+    ignite's ``Tbptt_Events.TIME_ITERATION_STARTED`` / ``TIME_ITERATION_COMPLETED`` fire together with
+    ``WINDOW_STARTED`` / ``WINDOW_COMPLETED``, so handlers written for ``create_supervised_tbptt_trainer`` keep
+    working. They stay without a counter, as in ignite (whose state-attribute table is shared by every engine
+    in the process), so filter on ``TBPTTEvents`` instead.
+    """
+
+    WINDOW_STARTED = "window_started"
+    WINDOW_COMPLETED = "window_completed"
+    OPTIMIZER_STEP_STARTED = "optimizer_step_started"
+    OPTIMIZER_STEP_COMPLETED = "optimizer_step_completed"
+
+
+_EVENT_TO_ATTR = {
+    TBPTTEvents.WINDOW_STARTED: "window",
+    TBPTTEvents.WINDOW_COMPLETED: "window",
+    TBPTTEvents.OPTIMIZER_STEP_STARTED: "optimizer_step",
+    TBPTTEvents.OPTIMIZER_STEP_COMPLETED: "optimizer_step",
+}
+COUNTERS = ("window", "optimizer_step")
+
+
+def register_tbptt_events(engine: Engine) -> None:
+    """Register :class:`TBPTTEvents` and ignite's ``Tbptt_Events`` with their counters on ``engine``."""
+    engine.register_events(*TBPTTEvents, *Tbptt_Events, event_to_attr=_EVENT_TO_ATTR)
+    for name in COUNTERS:
+        if name not in engine.state_dict_user_keys:
+            engine.state_dict_user_keys.append(name)

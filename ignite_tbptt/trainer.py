@@ -1,0 +1,535 @@
+"""``create_tbptt_trainer``: an ignite ``Engine`` that trains with generalised TBPTT(k1, k2)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+from ignite.contrib.engines.tbptt import Tbptt_Events
+from ignite.engine import DeterministicEngine, Engine, Events, _prepare_batch
+
+from . import hidden as hs
+from .events import COUNTERS, TBPTTEvents, register_tbptt_events
+from .history import History, Segment
+from .schedule import Schedule
+from .versions import ParameterVersions
+
+__all__ = ["create_tbptt_trainer", "tbptt_training_step", "TBPTTStep", "default_model_fn"]
+
+
+def default_model_fn(model: torch.nn.Module, x: torch.Tensor, hidden: Any) -> tuple[Any, Any]:
+    """Call ``model`` the way ignite's ``create_supervised_tbptt_trainer`` does.
+
+    ``model(x)`` for the first segment of a stream (``hidden`` is ``None``), ``model(x, hidden)`` after it.
+    """
+    return model(x) if hidden is None else model(x, hidden)
+
+
+def _positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, got {value!r}.")
+    return value
+
+
+def _callable(name: str, value: Any) -> Any:
+    if value is not None and not callable(value):
+        raise TypeError(f"{name} must be callable, got {type(value).__name__}.")
+    return value
+
+
+class TBPTTStep:
+    """Process function of a TBPTT(k1, k2) trainer; build it with :func:`tbptt_training_step`.
+
+    It keeps the stream's state between iterations (position, hidden state, retained history, the open
+    window and the accumulated windows), which :meth:`attach` resets at the right ignite events.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        schedule: Schedule,
+        *,
+        time_dim: int,
+        carry_hidden: bool,
+        gradient_accumulation_steps: int,
+        scaler: torch.amp.GradScaler | None,
+        autocast: Callable[[], AbstractContextManager],
+        device: str | torch.device | None,
+        non_blocking: bool,
+        prepare_batch: Callable,
+        model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]],
+        output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None,
+        target_count_fn: Callable[[Any, Any], int] | None,
+    ) -> None:
+        self.model, self.optimizer, self.loss_fn, self.schedule = model, optimizer, loss_fn, schedule
+        self.time_dim, self.carry_hidden = time_dim, carry_hidden
+        self.accumulation, self.scaler, self.autocast = gradient_accumulation_steps, scaler, autocast
+        self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
+        self.model_fn, self.output_transform, self.target_count_fn = model_fn, output_transform, target_count_fn
+        self.history = History(schedule)
+        # Only k2 > k1 keeps graphs alive across an optimizer step.
+        self.versions = ParameterVersions(self._parameters) if schedule.k2 > schedule.k1 else None
+        self.reset_stream()
+        self.reset_accumulation()
+
+    # -- state -------------------------------------------------------------------------------------------------
+    def reset_stream(self) -> None:
+        """Forget the stream: position 0, no hidden state, no retained history, no open window."""
+        self.position = 0
+        self.hidden: Any = None
+        self.window: int | None = None  # first step of the open window
+        self.window_loss: Any = 0.0
+        self.window_targets = 0
+        self.history.clear()
+
+    def reset_accumulation(self) -> None:
+        """Forget windows whose gradients were accumulated but not applied."""
+        self.group_windows = 0
+        self.group_targets = 0
+
+    def attach(self, engine: Engine) -> None:
+        """Register the events and the handlers that start and end streams and epochs on ``engine``."""
+        register_tbptt_events(engine)
+        engine.state.window_loss = None
+        engine.add_event_handler(Events.STARTED, self._started)
+        engine.add_event_handler(Events.EPOCH_STARTED, lambda _: self.reset_stream())
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.end_epoch)
+
+    def _started(self, engine: Engine) -> None:
+        self.reset_stream()
+        self.reset_accumulation()
+        if engine.state.iteration == 0:
+            for name in COUNTERS:
+                setattr(engine.state, name, 0)
+
+    def _parameters(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    # -- one iteration ---------------------------------------------------------------------------------------------
+    def __call__(self, engine: Engine, batch: Sequence[Any]) -> Any:
+        """Run the windows of one batch; returns ``output_transform``'s value for the batch."""
+        x, y = self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking)
+        length = self._check_batch(x, y)
+        self.model.train()
+        if not self.carry_hidden:
+            self.reset_stream()
+        offset = self.position
+        batch_end = offset + length
+        last_iteration = (
+            engine.state.epoch_length is not None and engine.state.iteration % engine.state.epoch_length == 0
+        )
+        stream_end = batch_end if not self.carry_hidden or last_iteration else None
+
+        loss_sum: Any = 0.0
+        targets = 0
+        y_preds: list[Any] = []
+        step = offset
+        while step < batch_end:
+            start = self.schedule.window_start(step)
+            if step == start:
+                self._start_window(engine, start)
+            end = min(self.schedule.segment_end(step, stream_end), batch_end)
+            window_end = self._known_window_end(start, batch_end, stream_end)
+            loss, n, y_pred = self._run_segment(x, y, offset, step, end, start, window_end, batch_end, stream_end)
+            loss_sum, targets = loss_sum + loss, targets + n
+            y_preds.append(y_pred)
+            step = end
+            if end == window_end:
+                self._complete_window(engine, start, end, stream_continues=end != stream_end)
+        if last_iteration:
+            self.end_epoch(engine)
+
+        loss = loss_sum / targets if targets else torch.tensor(float("nan"))
+        if self.output_transform is None:
+            return loss.item()
+        return self.output_transform(x, y, _cat_time(y_preds, self.time_dim), loss)
+
+    def _known_window_end(self, start: int, batch_end: int, stream_end: int | None) -> int | None:
+        # The end of the window is known once the stream's end is, or once the batch holds the whole window.
+        if stream_end is not None:
+            return self.schedule.window_end(start, stream_end)
+        return start + self.schedule.k1 if batch_end >= start + self.schedule.k1 else None
+
+    def _run_segment(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        offset: int,
+        step: int,
+        end: int,
+        start: int,
+        window_end: int | None,
+        batch_end: int,
+        stream_end: int | None,
+    ) -> tuple[Any, int, Any]:
+        """Forward the steps ``[step, end)``, pay or owe their loss gradient, and retain what is needed.
+
+        Returns:
+            The segment's summed per-target loss (detached), its target count, and its detached predictions
+            when ``output_transform`` needs them.
+        """
+        # The cut only moves forward as a window grows, so while the window's end is unknown, the cut of the
+        # window cut short at the batch's end bounds it from below.
+        lowest_cut = self.schedule.cut(start, window_end if window_end is not None else batch_end)
+        own_loss_only = step < lowest_cut  # a step before a k2 < k1 cut
+        kept = self.versions is not None and end != stream_end and self.schedule.reached_later(step, start)
+
+        x_seg = x.narrow(self.time_dim, step - offset, end - step)
+        y_seg = y.narrow(self.time_dim, step - offset, end - step)
+        hidden_in, inputs = (None, []) if self.hidden is None else hs.as_leaves(self.hidden, step > lowest_cut)
+        with self.autocast():
+            with self.versions.hooks() if kept else nullcontext():
+                output = self.model_fn(self.model, x_seg, hidden_in)
+            y_pred, hidden_out = self._check_output(output, hidden_in)
+            n = y_seg.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y_seg))
+            if own_loss_only:
+                y_owed, loss = None, (self.loss_fn(y_pred, y_seg) * n if n else None)
+            else:
+                # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
+                # only the gradient of the predictions waits for the window's backward sweep.
+                y_owed = [t.detach().requires_grad_(t.requires_grad) for t in hs.flatten(y_pred)]
+                loss = self.loss_fn(hs.unflatten(y_pred, y_owed), y_seg) * n if n else None
+        if loss is not None:
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            loss = loss.detach()
+        else:
+            loss = 0.0
+        if not own_loss_only:
+            owed = hs.flatten(y_pred) if n else None
+            y_grad = [t.grad for t in y_owed] if n else None
+            self.history.append(Segment(step, end, inputs, hs.flatten(hidden_out), owed, y_grad))
+        self.hidden = hidden_out
+        self.position = end
+        self.window_loss = self.window_loss + loss
+        self.window_targets += n
+        self.group_targets += n
+        y_out = hs.as_leaves(y_pred, False)[0] if self.output_transform is not None else None
+        return loss, n, y_out
+
+    # -- window and step boundaries ------------------------------------------------------------------------------
+    def _start_window(self, engine: Engine, start: int) -> None:
+        if self.group_windows == 0:
+            self.optimizer.zero_grad()
+        self.window = start
+        self.window_loss, self.window_targets = 0.0, 0
+        engine.state.window += 1
+        engine.fire_event(TBPTTEvents.WINDOW_STARTED)
+        engine.fire_event(Tbptt_Events.TIME_ITERATION_STARTED)
+
+    def _complete_window(self, engine: Engine, start: int, end: int, stream_continues: bool) -> None:
+        self.history.backward(start, end, stream_continues)
+        self.window = None
+        self.group_windows += 1
+        if self.group_windows == self.accumulation:
+            self._optimizer_step(engine)
+        targets = self.window_targets
+        engine.state.window_loss = self.window_loss / targets if targets else torch.tensor(float("nan"))
+        engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)
+        engine.fire_event(Tbptt_Events.TIME_ITERATION_COMPLETED)
+
+    def _optimizer_step(self, engine: Engine) -> None:
+        targets = self.group_targets
+        self.reset_accumulation()
+        if not targets:  # only padding: nothing to learn, and momentum or weight decay must not move
+            return
+        if self.history.segments:
+            self.versions.freeze()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        grads = [p.grad for p in self._parameters() if p.grad is not None]
+        if grads:
+            # Exact normalisation: the accumulated windows' summed per-target gradients over their target count.
+            torch._foreach_div_(grads, targets)
+        engine.state.optimizer_step += 1
+        engine.fire_event(TBPTTEvents.OPTIMIZER_STEP_STARTED)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        engine.fire_event(TBPTTEvents.OPTIMIZER_STEP_COMPLETED)
+
+    def end_epoch(self, engine: Engine) -> None:
+        """End the stream and apply the windows not yet applied; runs once per epoch, whatever calls it first."""
+        if self.window is not None:
+            self._complete_window(engine, self.window, self.position, stream_continues=False)
+        if self.group_windows:
+            self._optimizer_step(engine)
+        self.reset_stream()
+
+    # -- checks --------------------------------------------------------------------------------------------------
+    def _check_batch(self, x: Any, y: Any) -> int:
+        td = self.time_dim
+        for name, t in (("x", x), ("y", y)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"prepare_batch must return tensors (x, y); {name} is a {type(t).__name__}.")
+            if not -t.dim() <= td < t.dim():
+                raise ValueError(
+                    f"time_dim={td} is out of range for {name} of shape {tuple(t.shape)}; "
+                    f"pass the index of the time dimension (0 for (T, B, *), 1 for (B, T, *))."
+                )
+        if x.shape[td] != y.shape[td]:
+            raise ValueError(
+                f"x and y must have the same length along time_dim={td}, got {x.shape[td]} and {y.shape[td]}."
+            )
+        if x.shape[td] == 0 or x.numel() == 0:
+            raise ValueError(f"empty batch: x has shape {tuple(x.shape)}; every batch needs at least one step.")
+        return x.shape[td]
+
+    def _check_output(self, output: Any, hidden_in: Any) -> tuple[Any, Any]:
+        if not isinstance(output, (tuple, list)) or len(output) != 2:
+            raise TypeError(
+                "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "
+                f"(output, (h, c)); got {type(output).__name__}. Wrap the model or pass model_fn to adapt it."
+            )
+        y_pred, hidden_out = output
+        if hidden_in is not None and hs.signature(hidden_out) != hs.signature(hidden_in):
+            raise ValueError(
+                "the hidden state changed structure or shape between segments: "
+                f"{hs.signature(hidden_in)} -> {hs.signature(hidden_out)}. With carry_hidden=True all batches "
+                "of an epoch must have the same batch size."
+            )
+        return y_pred, hidden_out
+
+
+def _cat_time(parts: list[Any], time_dim: int) -> Any:
+    if len(parts) == 1:
+        return parts[0]
+    leaves = [hs.flatten(p) for p in parts]
+    return hs.unflatten(parts[0], [torch.cat(ts, dim=time_dim) for ts in zip(*leaves)])
+
+
+def tbptt_training_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    k1: int,
+    k2: int | None = None,
+    *,
+    time_dim: int = 0,
+    carry_hidden: bool = False,
+    gradient_accumulation_steps: int = 1,
+    scaler: bool | torch.amp.GradScaler = False,
+    autocast_dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    non_blocking: bool = False,
+    prepare_batch: Callable = _prepare_batch,
+    model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
+    output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None = None,
+    target_count_fn: Callable[[Any, Any], int] | None = None,
+) -> TBPTTStep:
+    """Factory of the TBPTT(k1, k2) process function; :func:`create_tbptt_trainer` documents the arguments.
+
+    The returned :class:`TBPTTStep` must be attached to the engine that runs it (``step.attach(engine)``),
+    which registers :class:`~ignite_tbptt.TBPTTEvents` and the handlers that end streams and epochs.
+
+    Raises:
+        TypeError, ValueError: as :func:`create_tbptt_trainer`.
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
+    k1 = _positive_int("k1", k1)
+    k2 = k1 if k2 is None else _positive_int("k2", k2)
+    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+        raise TypeError(f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *)), got {time_dim!r}.")
+    accumulation = _positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
+    for name, fn in (
+        ("prepare_batch", prepare_batch),
+        ("model_fn", model_fn),
+        ("output_transform", output_transform),
+        ("target_count_fn", target_count_fn),
+    ):
+        _callable(name, fn)
+    if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
+        raise TypeError(f"autocast_dtype must be a torch.dtype such as torch.bfloat16, got {autocast_dtype!r}.")
+
+    model_params = {id(p) for p in model.parameters()}
+    if not any(id(p) in model_params for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError("optimizer holds none of model's parameters; build it from model.parameters().")
+
+    if device is not None:
+        device_type = torch.device(device).type
+    else:
+        device_type = next((p.device.type for p in model.parameters()), "cpu")
+    if scaler is True:
+        scaler = torch.amp.GradScaler(device_type)
+    elif scaler is False or scaler is None:
+        scaler = None
+    elif not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"scaler must be a torch.amp.GradScaler or a bool, got {type(scaler).__name__}.")
+    if scaler is not None and autocast_dtype is not None and autocast_dtype != torch.float16:
+        warnings.warn(
+            f"a GradScaler is only needed with float16; autocast_dtype={autocast_dtype} keeps float32's range. "
+            "Pass scaler=False.",
+            stacklevel=3,
+        )
+
+    def autocast() -> AbstractContextManager:
+        return torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
+
+    return TBPTTStep(
+        model,
+        optimizer,
+        loss_fn,
+        Schedule(k1, k2),
+        time_dim=time_dim,
+        carry_hidden=bool(carry_hidden),
+        gradient_accumulation_steps=accumulation,
+        scaler=scaler,
+        autocast=autocast,
+        device=device,
+        non_blocking=non_blocking,
+        prepare_batch=prepare_batch,
+        model_fn=model_fn,
+        output_transform=output_transform,
+        target_count_fn=target_count_fn,
+    )
+
+
+def create_tbptt_trainer(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    k1: int,
+    k2: int | None = None,
+    *,
+    time_dim: int = 0,
+    carry_hidden: bool = False,
+    gradient_accumulation_steps: int = 1,
+    scaler: bool | torch.amp.GradScaler = False,
+    autocast_dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    non_blocking: bool = False,
+    prepare_batch: Callable = _prepare_batch,
+    model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
+    output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None = None,
+    target_count_fn: Callable[[Any, Any], int] | None = None,
+    deterministic: bool = False,
+) -> Engine:
+    """Create an ignite trainer that runs truncated backpropagation through time, TBPTT(k1, k2).
+
+    Every ``k1`` steps of a stream, and at its end, the trainer backpropagates the losses of the steps since
+    the last backward pass through (up to) ``k2`` steps back: Williams & Peng (1990), BPTT(h; h') with
+    h' = k1 and h = k2; Sutskever (2013), PhD thesis, section 2.8.6. ``k1 = k2`` is the common truncated BPTT
+    of ignite's ``create_supervised_tbptt_trainer``; ``k2 > k1`` lets every step's loss reach at least
+    ``k2 - k1`` steps back; ``k2 < k1`` backpropagates only the window's last ``k2`` steps through time, the
+    steps before that getting the gradient of their own loss (as DL4J's ``tbpttBackLength``).
+
+    The losses of all steps in a window count (per-token losses, not just the last step's). A segment of
+    the batch with ``n`` targets contributes ``n * loss_fn(y_pred, y)`` (``loss_fn`` reducing by mean, as
+    PyTorch's losses do), and an optimizer step divides the summed gradient of its windows by their total
+    target count: the exact gradient of the mean per-target loss, whatever the windows' lengths.
+
+    The model is called on segments of several steps (fused kernels such as ``nn.LSTM`` run whole): one call
+    per window for ``k1 = k2``, at most two for ``k2 > k1``. Each segment's loss is backpropagated to its
+    predictions at once, and a window's backward pass traverses each retained segment once. Only the
+    segments a later window reaches are retained (never more than ``k2`` steps), with the weights they were
+    computed with across optimizer steps; nothing is recomputed.
+
+    Args:
+        model: the recurrent model; called through ``model_fn`` and returning ``(y_pred, hidden)``, where
+            ``hidden`` is a tensor or any nesting of tuples, lists and dicts of tensors.
+        optimizer: the optimizer; it must hold at least one of ``model``'s parameters.
+        loss_fn: ``loss_fn(y_pred, y)`` reducing by mean over its targets, e.g. ``nn.CrossEntropyLoss()``.
+        k1: steps between backward passes (and window length), a positive int.
+        k2: steps a full window's backward pass reaches back from its end; default ``k1``.
+        time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred``: 0 for ``(T, B, *)`` batches,
+            1 for ``(B, T, *)``.
+        carry_hidden: if False, every batch is a stream of its own: the hidden state starts fresh (the model
+            is called without it) and the batch ends the last window. If True, the batches of an epoch are
+            consecutive pieces of one stream (the language-model layout): the hidden state and the retained
+            history carry over between iterations, windows may span batches, and all is reset when an epoch
+            starts. Where the batches are cut does not change the result.
+        gradient_accumulation_steps: windows per optimizer step. Windows not yet applied when an epoch ends
+            are applied then.
+        scaler: a ``torch.amp.GradScaler``, or True to create one for the device. Every backward is scaled;
+            gradients are unscaled once per optimizer step, before ``TBPTTEvents.OPTIMIZER_STEP_STARTED``;
+            steps with inf/NaN gradients are skipped by the scaler. The scaler is also at
+            ``engine.state.scaler``.
+        autocast_dtype: run the model and the loss under ``torch.autocast`` with this dtype (e.g.
+            ``torch.bfloat16``, which also works on CPU; ``torch.float16`` with a scaler on CUDA).
+        device: device to move batches to; the model is not moved (as in ignite).
+        non_blocking: passed to ``prepare_batch`` for asynchronous host-to-device copies.
+        prepare_batch: ``prepare_batch(batch, device, non_blocking) -> (x, y)``, ignite's signature. ``x`` and
+            ``y`` are tensors with the same length along ``time_dim``.
+        model_fn: ``model_fn(model, x, hidden) -> (y_pred, hidden)`` with ``hidden`` None for a stream's
+            first segment; default ``model(x)`` then, ``model(x, hidden)`` after, as in ignite's trainer.
+        output_transform: ``output_transform(x, y, y_pred, loss)``, ignite's signature, where ``y_pred`` is the
+            batch's predictions (detached, joined along ``time_dim``) and ``loss`` the mean per-target loss of
+            the targets processed in the iteration; default ``loss.item()``.
+        target_count_fn: ``target_count_fn(y_pred, y) -> int``, the number of targets in a segment (for padded
+            or ``ignore_index`` targets); default ``y.numel()``. A 0-dim tensor is accepted (converting it
+            synchronises a GPU). Segments without targets contribute nothing; an optimizer step whose windows
+            have none is skipped.
+        deterministic: use ignite's ``DeterministicEngine``.
+
+    Returns:
+        An ignite ``Engine``; ``engine.state.output`` after an iteration is ``output_transform``'s value.
+        It fires :class:`~ignite_tbptt.TBPTTEvents` (counters ``engine.state.window`` and
+        ``engine.state.optimizer_step``, saved in ``engine.state_dict()``) and ignite's ``Tbptt_Events``.
+
+    Raises:
+        TypeError: if ``model``, ``optimizer``, ``scaler``, ``time_dim``, ``autocast_dtype`` or a callable
+            argument has the wrong type; during a run, if ``prepare_batch`` does not return tensors or
+            ``model_fn`` does not return ``(y_pred, hidden)``.
+        ValueError: if ``k1``, ``k2`` or ``gradient_accumulation_steps`` is not a positive int, or ``optimizer``
+            holds none of ``model``'s parameters; during a run, if ``time_dim`` is out of range, ``x`` and ``y``
+            differ in length along it, a batch is empty, or the hidden state changes shape between segments.
+
+    Warns:
+        UserWarning: if a scaler is combined with an ``autocast_dtype`` other than float16.
+
+    Examples:
+        >>> import torch
+        >>> from torch import nn
+        >>> from ignite_tbptt import create_tbptt_trainer
+        >>> class CharLM(nn.Module):
+        ...     def __init__(self, vocab=10, hidden=16):
+        ...         super().__init__()
+        ...         self.emb, self.rnn, self.out = nn.Embedding(vocab, 8), nn.LSTM(8, hidden), nn.Linear(hidden, vocab)
+        ...     def forward(self, x, hidden=None):  # x: (T, B) token ids
+        ...         h, hidden = self.rnn(self.emb(x), hidden)
+        ...         return self.out(h), hidden  # (T, B, vocab)
+        >>> model = CharLM()
+        >>> loss_fn = lambda y_pred, y: nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten())
+        >>> trainer = create_tbptt_trainer(
+        ...     model, torch.optim.Adam(model.parameters()), loss_fn, k1=5, k2=10, carry_hidden=True
+        ... )
+        >>> stream = torch.randint(0, 10, (61, 4))  # (T, B): 4 parallel streams of 61 steps
+        >>> batches = [(stream[i : i + 20], stream[i + 1 : i + 21]) for i in range(0, 60, 20)]
+        >>> state = trainer.run(batches, max_epochs=2)
+        >>> state.window, state.optimizer_step  # 12 windows of 5 steps per epoch
+        (24, 24)
+    """
+    step = tbptt_training_step(
+        model,
+        optimizer,
+        loss_fn,
+        k1,
+        k2,
+        time_dim=time_dim,
+        carry_hidden=carry_hidden,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        scaler=scaler,
+        autocast_dtype=autocast_dtype,
+        device=device,
+        non_blocking=non_blocking,
+        prepare_batch=prepare_batch,
+        model_fn=model_fn,
+        output_transform=output_transform,
+        target_count_fn=target_count_fn,
+    )
+    engine = DeterministicEngine(step) if deterministic else Engine(step)
+    step.attach(engine)
+    if step.scaler is not None:
+        engine.state.scaler = step.scaler
+    return engine

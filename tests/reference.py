@@ -1,0 +1,122 @@
+"""Brute-force TBPTT(k1, k2) straight from SPEC.md, for comparing the trainer against.
+
+Nothing here shares code with the package: the forward pass runs one step at a time, recording the
+parameters each step used; each window's gradient is computed by rebuilding, for every step's loss, the
+computation from that step's cut one step at a time with per-step copies of the recorded parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call
+
+
+class Net(nn.Module):
+    """Linear input, a recurrent layer, linear head; returns ``(y_pred, hidden)`` like ignite expects."""
+
+    def __init__(self, cell: str = "lstm", batch_first: bool = False, n_in: int = 3, n_hidden: int = 5, n_out: int = 4):
+        super().__init__()
+        rnn = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[cell]
+        self.inp = nn.Linear(n_in, n_in)
+        self.rnn = rnn(n_in, n_hidden, batch_first=batch_first)
+        self.head = nn.Linear(n_hidden, n_out)
+
+    def forward(self, x, hidden=None):
+        h, hidden = self.rnn(torch.tanh(self.inp(x)), hidden)
+        return self.head(h), hidden
+
+
+class DictNet(Net):
+    """An LSTM whose hidden state travels as ``{"h": h, "c": c}``."""
+
+    def forward(self, x, hidden=None):
+        y, (h, c) = super().forward(x, None if hidden is None else (hidden["h"], hidden["c"]))
+        return y, {"h": h, "c": c}
+
+
+def cross_entropy(y_pred, y):
+    return nn.functional.cross_entropy(y_pred.reshape(-1, y_pred.shape[-1]), y.reshape(-1))
+
+
+def cut_of(k1: int, k2: int, start: int, end: int) -> int:
+    if k2 >= k1:
+        return max(0, start - (k2 - k1))
+    return max(start, end - k2)
+
+
+def reference_train(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    loss_fn,
+    batches,
+    k1: int,
+    k2: int,
+    *,
+    carry_hidden: bool,
+    accumulation: int = 1,
+    epochs: int = 1,
+    time_dim: int = 0,
+) -> None:
+    """Train ``model`` in place with brute-force TBPTT(k1, k2) on ``batches`` of ``(x, y)``."""
+    names = [name for name, _ in model.named_parameters()]
+
+    def call(params, x, hidden):
+        args = (x,) if hidden is None else (x, hidden)
+        return functional_call(model, params, args)
+
+    def step_of(t, v):
+        return t.narrow(time_dim, v, 1)
+
+    for _ in range(epochs):
+        streams = [tuple(torch.cat(parts, dim=time_dim) for parts in zip(*batches))] if carry_hidden else batches
+        total = {name: None for name in names}
+        group_windows = group_targets = 0
+
+        def apply():
+            nonlocal group_windows, group_targets, total
+            for name, p in model.named_parameters():
+                p.grad = None if total[name] is None else total[name] / group_targets
+            optimizer.step()
+            optimizer.zero_grad()
+            total = {name: None for name in names}
+            group_windows = group_targets = 0
+
+        for x, y in streams:
+            length = x.shape[time_dim]
+            hiddens = [None]  # hiddens[t]: the hidden state entering step t
+            params_at = []  # params_at[t]: the parameters step t was computed with
+            start = 0
+            for t in range(length):
+                params_at.append({name: p.detach().clone() for name, p in model.named_parameters()})
+                with torch.no_grad():
+                    _, h = call(params_at[t], step_of(x, t), hiddens[t])
+                hiddens.append(h)
+                end = t + 1
+                if end - start < k1 and end < length:
+                    continue
+                cut = cut_of(k1, k2, start, end)
+                for u in range(start, end):
+                    first = cut if u >= cut else u
+                    copies = [
+                        {name: q.clone().requires_grad_() for name, q in params_at[v].items()}
+                        for v in range(first, u + 1)
+                    ]
+                    h = hiddens[first]
+                    for v, params in zip(range(first, u + 1), copies):
+                        y_pred, h = call(params, step_of(x, v), h)
+                    y_u = step_of(y, u)
+                    loss = loss_fn(y_pred, y_u) * y_u.numel()
+                    leaves = [params[name] for params in copies for name in names]
+                    grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+                    for i, g in enumerate(grads):
+                        if g is not None:
+                            name = names[i % len(names)]
+                            total[name] = g if total[name] is None else total[name] + g
+                    group_targets += y_u.numel()
+                group_windows += 1
+                if group_windows == accumulation:
+                    apply()
+                start = end
+        if group_windows:
+            apply()

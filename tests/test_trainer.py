@@ -1,0 +1,329 @@
+import copy
+import itertools
+
+import pytest
+import torch
+from ignite.contrib.engines.tbptt import Tbptt_Events, create_supervised_tbptt_trainer
+from ignite.engine import Events
+from reference import DictNet, Net, cross_entropy, reference_train
+
+from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
+
+
+def make_batches(lengths, batch=3, n_in=3, n_out=4, time_dim=0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for length in lengths:
+        x = torch.randn(length, batch, n_in, generator=g, dtype=torch.float64)
+        y = torch.randint(0, n_out, (length, batch), generator=g)
+        if time_dim == 1:
+            x, y = x.transpose(0, 1).contiguous(), y.t().contiguous()
+        batches.append((x, y))
+    return batches
+
+
+def sgd(model, lr=0.5):
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
+
+
+def assert_same_parameters(a, b, atol=1e-9):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def assert_trained(model, initial):
+    moved = max((p - q).abs().max().item() for p, q in zip(model.parameters(), initial.parameters()))
+    assert moved > 1e-2, "training did not change the parameters, so the comparison proves nothing"
+
+
+def compare_with_reference(
+    k1, k2, *, carry_hidden, accumulation=1, cell="lstm", time_dim=0, lengths=(7, 12, 5), epochs=2, net=Net, data=None
+):
+    torch.manual_seed(0)
+    model = net(cell, batch_first=time_dim == 1).double()
+    initial, ref = copy.deepcopy(model), copy.deepcopy(model)
+    batches = make_batches(lengths, time_dim=time_dim)
+    trainer = create_tbptt_trainer(
+        model,
+        sgd(model),
+        cross_entropy,
+        k1,
+        k2,
+        time_dim=time_dim,
+        carry_hidden=carry_hidden,
+        gradient_accumulation_steps=accumulation,
+    )
+    trainer.run(batches if data is None else data(batches), max_epochs=epochs)
+    reference_train(
+        ref,
+        sgd(ref),
+        cross_entropy,
+        batches,
+        k1,
+        k2,
+        carry_hidden=carry_hidden,
+        accumulation=accumulation,
+        epochs=epochs,
+        time_dim=time_dim,
+    )
+    assert_trained(ref, initial)
+    assert_same_parameters(model, ref)
+
+
+K_PAIRS = [(4, 4), (3, 7), (4, 6), (2, 8), (1, 3), (5, 2), (6, 1)]
+
+
+@pytest.mark.parametrize("k1,k2", K_PAIRS, ids=[f"k1={a}-k2={b}" for a, b in K_PAIRS])
+@pytest.mark.parametrize("carry_hidden", [False, True], ids=["fresh", "carry"])
+@pytest.mark.parametrize("accumulation", [1, 3], ids=["acc1", "acc3"])
+def test_lstm_matches_brute_force_reference(k1, k2, carry_hidden, accumulation):
+    compare_with_reference(k1, k2, carry_hidden=carry_hidden, accumulation=accumulation)
+
+
+@pytest.mark.parametrize("cell", ["gru", "rnn"])
+@pytest.mark.parametrize("k1,k2", [(3, 7), (5, 2), (3, 3)])
+@pytest.mark.parametrize("carry_hidden", [False, True], ids=["fresh", "carry"])
+def test_tensor_hidden_cells_match_reference(cell, k1, k2, carry_hidden):
+    compare_with_reference(k1, k2, carry_hidden=carry_hidden, cell=cell, accumulation=2)
+
+
+@pytest.mark.parametrize("k1,k2", [(4, 6), (6, 2)])
+def test_time_dim_1_matches_reference(k1, k2):
+    compare_with_reference(k1, k2, carry_hidden=True, time_dim=1, accumulation=2)
+
+
+def test_dict_hidden_state_matches_reference():
+    compare_with_reference(3, 5, carry_hidden=True, net=DictNet)
+
+
+class NoLength:
+    """Re-iterable data without ``__len__``: the first epoch's length is unknown until it ends."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+@pytest.mark.parametrize("k1,k2", [(3, 7), (5, 2), (4, 4)])
+def test_unknown_epoch_length_matches_reference(k1, k2):
+    # 7 + 12 + 5 = 24 steps: the last window is short, and is only known to end when the data runs out.
+    compare_with_reference(k1, k2, carry_hidden=True, accumulation=2, epochs=3, data=NoLength)
+
+
+def test_cutting_the_stream_into_other_batches_gives_the_same_parameters():
+    (stream,) = make_batches([30])
+    results = []
+    for lengths in ([10, 10, 10], [7, 13, 10], [1, 28, 1]):
+        torch.manual_seed(0)
+        model = Net().double()
+        bounds = list(itertools.accumulate([0, *lengths]))
+        batches = [tuple(t[a:b] for t in stream) for a, b in zip(bounds, bounds[1:])]
+        trainer = create_tbptt_trainer(
+            model, sgd(model), cross_entropy, 3, 7, carry_hidden=True, gradient_accumulation_steps=2
+        )
+        trainer.run(batches, max_epochs=2)
+        results.append(model)
+    assert_same_parameters(results[0], results[1], atol=1e-12)
+    assert_same_parameters(results[0], results[2], atol=1e-12)
+
+
+class RecordingNet(Net):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def forward(self, x, hidden=None):
+        self.calls.append((x.shape[0], hidden is None))
+        return super().forward(x, hidden)
+
+
+def test_drop_in_for_ignite_create_supervised_tbptt_trainer():
+    batches = make_batches([9, 12, 8, 9])
+    torch.manual_seed(0)
+    ours = RecordingNet().double()
+    theirs = copy.deepcopy(ours)
+    initial = copy.deepcopy(ours)
+    create_tbptt_trainer(ours, sgd(ours), cross_entropy, 4).run(batches, max_epochs=3)
+    create_supervised_tbptt_trainer(theirs, sgd(theirs), cross_entropy, tbtt_step=4).run(batches, max_epochs=3)
+    assert_trained(ours, initial)
+    assert_same_parameters(ours, theirs, atol=1e-12)
+    assert ours.calls == theirs.calls
+    assert ours.calls[:4] == [(4, True), (4, False), (1, False), (4, True)]
+
+
+def test_grad_scaler_gives_the_unscaled_result_and_unscales_before_the_step_event():
+    batches = make_batches([7, 12, 5])
+    runs = []
+    for scaler in (None, torch.amp.GradScaler("cpu")):
+        torch.manual_seed(0)
+        model = Net().double()
+        trainer = create_tbptt_trainer(
+            model,
+            sgd(model),
+            cross_entropy,
+            3,
+            5,
+            carry_hidden=True,
+            gradient_accumulation_steps=2,
+            scaler=scaler if scaler is not None else False,
+        )
+        grads = []
+        trainer.add_event_handler(
+            TBPTTEvents.OPTIMIZER_STEP_STARTED,
+            lambda _, grads=grads, model=model: grads.append([p.grad.clone() for p in model.parameters()]),
+        )
+        trainer.run(batches, max_epochs=2)
+        runs.append((model, grads))
+    (plain, plain_grads), (scaled, scaled_grads) = runs
+    assert_same_parameters(plain, scaled, atol=1e-12)
+    assert len(plain_grads) == len(scaled_grads) == 2 * 4  # 24 steps / 3 per window / 2 windows per step
+    for a, b in zip(plain_grads, scaled_grads):
+        for ga, gb in zip(a, b):
+            torch.testing.assert_close(ga, gb, rtol=0, atol=1e-12)
+
+
+def test_grad_scaler_skips_a_step_with_inf_gradients():
+    torch.manual_seed(0)
+    model = Net().double()
+    before = copy.deepcopy(model)
+    ((x, y),) = make_batches([6])
+    x[2, 0, 0] = float("inf")
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, 6, scaler=True)
+    trainer.run([(x, y)])
+    assert_same_parameters(model, before, atol=0)
+    assert trainer.state.scaler.get_scale() == 65536.0 / 2
+    assert trainer.state.optimizer_step == 1
+
+
+def test_mean_over_targets_with_padding_equals_one_step_on_the_joined_batch():
+    # k1 = k2 = T with accumulation 2 is one step on the two batches joined; padded targets do not count.
+    g = torch.Generator().manual_seed(1)
+    x1, x2 = torch.randn(5, 2, 3, generator=g, dtype=torch.float64), torch.randn(5, 3, 3, generator=g).double()
+    y1, y2 = torch.randint(0, 4, (5, 2), generator=g), torch.randint(0, 4, (5, 3), generator=g)
+    y1[3:, 0] = -100  # 2 padded targets in the first batch, 7 in the second
+    y2[:, 1] = -100
+    y2[4, 2] = -100
+    loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100)
+
+    def ce(y_pred, y):
+        return loss_fn(y_pred.reshape(-1, 4), y.reshape(-1))
+
+    torch.manual_seed(0)
+    model = Net().double()
+    joined = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    trainer = create_tbptt_trainer(
+        model, opt, ce, 5, gradient_accumulation_steps=2, target_count_fn=lambda y_pred, y: (y != -100).sum()
+    )
+    trainer.run([(x1, y1), (x2, y2)])
+
+    joined_opt = torch.optim.SGD(joined.parameters(), lr=1.0)
+    ce(joined(torch.cat([x1, x2], 1))[0], torch.cat([y1, y2], 1)).backward()
+    joined_opt.step()
+    assert_same_parameters(model, joined, atol=1e-12)
+    assert trainer.state.optimizer_step == 1
+
+
+def test_output_and_window_loss_are_mean_per_target_losses():
+    torch.manual_seed(0)
+    model = Net().double()
+    ((x, y),) = make_batches([10])
+    trainer = create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.0), cross_entropy, 4, 6)
+    window_losses = []
+    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda e: window_losses.append(e.state.window_loss))
+    trainer.run([(x, y)])
+    with torch.no_grad():
+        y_pred = model(x)[0]
+    assert trainer.state.output == pytest.approx(cross_entropy(y_pred, y).item(), rel=1e-12)
+    expected = [cross_entropy(y_pred[a:b], y[a:b]).item() for a, b in ((0, 4), (4, 8), (8, 10))]
+    assert [w.item() for w in window_losses] == pytest.approx(expected, rel=1e-12)
+
+
+def test_output_transform_receives_the_batch_predictions():
+    torch.manual_seed(0)
+    model = Net().double()
+    ((x, y),) = make_batches([10])
+    trainer = create_tbptt_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        cross_entropy,
+        3,
+        output_transform=lambda x, y, y_pred, loss: (y_pred, loss),
+    )
+    trainer.run([(x, y)])
+    y_pred, loss = trainer.state.output
+    with torch.no_grad():
+        torch.testing.assert_close(y_pred, model(x)[0], rtol=0, atol=1e-12)
+    assert not y_pred.requires_grad
+
+
+def test_events_counters_filters_and_state_dict():
+    torch.manual_seed(0)
+    model = Net().double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, 4, gradient_accumulation_steps=2)
+    fired = []
+    for event in (
+        TBPTTEvents.WINDOW_STARTED,
+        TBPTTEvents.OPTIMIZER_STEP_STARTED,
+        TBPTTEvents.OPTIMIZER_STEP_COMPLETED,
+        TBPTTEvents.WINDOW_COMPLETED,
+    ):
+        trainer.add_event_handler(event, lambda e, name=event.name: fired.append((name, e.state.window)))
+    every = []
+    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED(every=3), lambda e: every.append(e.state.window))
+    ignite_events = []
+    trainer.add_event_handler(Tbptt_Events.TIME_ITERATION_COMPLETED, lambda e: ignite_events.append(e.state.window))
+    # 8 + 8 steps per epoch: 4 windows, 2 optimizer steps; over 2 epochs: 8 windows, 4 steps.
+    trainer.run(make_batches([8, 8]), max_epochs=2)
+    assert (trainer.state.window, trainer.state.optimizer_step) == (8, 4)
+    assert every == [3, 6]
+    assert ignite_events == list(range(1, 9))
+    assert fired[:6] == [
+        ("WINDOW_STARTED", 1),
+        ("WINDOW_COMPLETED", 1),
+        ("WINDOW_STARTED", 2),
+        ("OPTIMIZER_STEP_STARTED", 2),
+        ("OPTIMIZER_STEP_COMPLETED", 2),
+        ("WINDOW_COMPLETED", 2),
+    ]
+    state = trainer.state_dict()
+    assert (state["window"], state["optimizer_step"]) == (8, 4)
+    # A fresh run starts the counters again.
+    trainer.state.max_epochs = None
+    trainer.run(make_batches([8]), max_epochs=1)
+    assert (trainer.state.window, trainer.state.optimizer_step) == (2, 1)
+
+
+def test_windows_left_at_the_end_of_an_epoch_are_applied():
+    # 3 windows per epoch with accumulation 2: the third is applied when the epoch ends, before user handlers.
+    torch.manual_seed(0)
+    model = Net().double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, 4, gradient_accumulation_steps=2)
+    seen = []
+    trainer.add_event_handler(Events.EPOCH_COMPLETED, lambda e: seen.append(e.state.optimizer_step))
+    trainer.run(make_batches([8, 4]), max_epochs=2)
+    assert seen == [2, 4]
+
+
+def test_bfloat16_autocast_on_cpu_trains_close_to_float32():
+    batches = make_batches([12, 12])
+    models = []
+    for dtype in (None, torch.bfloat16):
+        torch.manual_seed(0)
+        model = Net()
+        trainer = create_tbptt_trainer(
+            model,
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            cross_entropy,
+            4,
+            6,
+            carry_hidden=True,
+            autocast_dtype=dtype,
+            prepare_batch=lambda b, device, non_blocking: (b[0].float(), b[1]),
+        )
+        trainer.run(batches, max_epochs=2)
+        models.append(model)
+    assert_same_parameters(models[0], models[1], atol=2e-2)
+    assert all(p.dtype == torch.float32 for p in models[1].parameters())
