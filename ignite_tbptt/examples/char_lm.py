@@ -1,0 +1,267 @@
+"""Character-level LSTM language model trained with TBPTT(k1, k2) on real text.
+
+The default corpus is source code every Python installation carries: a fixed, sorted list of modules of the
+standard library (about 1.2 MB). The text is one stream, laid out as ``--batch-size`` parallel columns; the
+last ``--valid-fraction`` of it is the validation stream. Training carries the hidden state across batches
+(``carry_hidden=True``) and, by default, lets every step's loss reach back at least ``k2 - k1`` steps.
+
+Run::
+
+    python -m ignite_tbptt.examples.char_lm                 # about two minutes on 2 CPU cores
+    python -m ignite_tbptt.examples.char_lm --text my.txt --k1 50 --k2 100 --epochs 5
+    tensorboard --logdir runs/
+
+It logs each window's training loss (nats per character, x-axis: windows) and each epoch's validation bits
+per character to TensorBoard, and prints the validation bits per character after each epoch, next to the
+unigram model's (the entropy of the training text's character frequencies, about 4.5 bits for code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import sysconfig
+from collections import Counter
+from pathlib import Path
+
+import torch
+from ignite.engine import Events
+from ignite.handlers import ProgressBar, TensorboardLogger, global_step_from_engine
+from torch import nn
+
+from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
+from ignite_tbptt.data import stream_batches
+
+__all__ = ["STDLIB_MODULES", "stdlib_corpus", "Vocabulary", "CharLSTM", "evaluate_bpc", "main"]
+
+# Paths relative to the standard library's directory, sorted: the default corpus.
+STDLIB_MODULES = (
+    "abc.py",
+    "argparse.py",
+    "ast.py",
+    "bisect.py",
+    "calendar.py",
+    "collections/__init__.py",
+    "configparser.py",
+    "contextlib.py",
+    "copy.py",
+    "csv.py",
+    "dataclasses.py",
+    "difflib.py",
+    "enum.py",
+    "fnmatch.py",
+    "fractions.py",
+    "functools.py",
+    "glob.py",
+    "heapq.py",
+    "json/decoder.py",
+    "json/encoder.py",
+    "logging/__init__.py",
+    "numbers.py",
+    "operator.py",
+    "pathlib.py",
+    "pprint.py",
+    "queue.py",
+    "random.py",
+    "sched.py",
+    "shlex.py",
+    "shutil.py",
+    "statistics.py",
+    "string.py",
+    "tempfile.py",
+    "textwrap.py",
+    "threading.py",
+)
+LN2 = math.log(2)
+
+
+def stdlib_corpus() -> str:
+    """The default corpus: :data:`STDLIB_MODULES` of the running Python, joined (modules a version lacks are skipped).
+
+    Raises:
+        FileNotFoundError: if none of the modules is found (a Python installed without its sources).
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    parts = [(root / name).read_text(encoding="utf-8") for name in STDLIB_MODULES if (root / name).is_file()]
+    if not parts:
+        raise FileNotFoundError(f"no standard-library sources under {root}; pass --text FILE instead.")
+    return "\n".join(parts)
+
+
+class Vocabulary:
+    """Characters of a training text, most frequent first; index 0 stands for any unseen character.
+
+    Args:
+        text: the training text.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.counts = Counter(text)
+        self.chars = ["\0", *(c for c, _ in self.counts.most_common())]
+        self.index = {c: i for i, c in enumerate(self.chars)}
+
+    def __len__(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Token ids of ``text``, shape ``(N,)``."""
+        return torch.tensor([self.index.get(c, 0) for c in text], dtype=torch.long)
+
+    def unigram_bpc(self, text: str) -> float:
+        """Bits per character of ``text`` under the training text's character frequencies (add-one smoothed)."""
+        total = sum(self.counts.values()) + len(self.chars)
+        return -sum(math.log2((self.counts.get(c, 0) + 1) / total) for c in text) / len(text)
+
+
+class CharLSTM(nn.Module):
+    """Embedding, LSTM and a linear read-out over characters.
+
+    Args:
+        vocab_size: number of characters ``V``.
+        embedding: embedding size.
+        hidden: LSTM hidden size ``H``.
+        layers: LSTM layers.
+
+    Shapes:
+        ``forward(x, hidden)``: ``x`` of shape ``(T, B)`` (token ids), ``hidden`` an ``(h, c)`` pair of
+        ``(layers, B, H)`` tensors or None; returns logits ``(T, B, V)`` and the new ``(h, c)``.
+    """
+
+    def __init__(self, vocab_size: int, embedding: int = 64, hidden: int = 256, layers: int = 1) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, embedding)
+        self.lstm = nn.LSTM(embedding, hidden, num_layers=layers)
+        self.readout = nn.Linear(hidden, vocab_size)
+
+    def forward(self, x: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """Logits ``(T, B, V)`` for the next character at each step, and the new hidden state."""
+        out, hidden = self.lstm(self.embedding(x), hidden)
+        return self.readout(out), hidden
+
+
+def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats per character) of logits ``(T, B, V)`` against targets ``(T, B)``."""
+    return nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten())
+
+
+@torch.no_grad()
+def evaluate_bpc(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> float:
+    """Bits per character of ``model`` on a stream of batches, carrying the hidden state from batch to batch."""
+    model.eval()
+    hidden, nats, count = None, 0.0, 0
+    for x, y in batches:
+        x, y = x.to(device), y.to(device)
+        y_pred, hidden = model(x, hidden)
+        nats += cross_entropy(y_pred, y).item() * y.numel()
+        count += y.numel()
+    model.train()
+    return nats / count / LN2
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the example."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--text", type=Path, help="UTF-8 text file to train on (default: standard-library sources)")
+    p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters of the text")
+    p.add_argument("--valid-fraction", type=float, default=0.05, help="tail of the text held out for validation")
+    p.add_argument("--k1", type=int, default=25, help="steps between backward passes (default 25)")
+    p.add_argument("--k2", type=int, default=50, help="steps each backward pass reaches back (default 50)")
+    p.add_argument("--batch-size", type=int, default=32, help="parallel streams (default 32)")
+    p.add_argument("--seq-len", type=int, default=100, help="steps per batch (default 100)")
+    p.add_argument("--embedding", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
+    p.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping, 0 to disable")
+    p.add_argument("--accumulation", type=int, default=1, help="windows per optimizer step")
+    p.add_argument(
+        "--amp", choices=("none", "bf16", "fp16"), default="none", help="autocast dtype (fp16 adds a GradScaler)"
+    )
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--logdir", type=Path, default=Path("runs"), help="TensorBoard log directory (default runs/)")
+    p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+
+    text = args.text.read_text(encoding="utf-8") if args.text else stdlib_corpus()
+    text = text[: args.max_chars] if args.max_chars else text
+    split = int(len(text) * (1 - args.valid_fraction))
+    train_text, valid_text = text[:split], text[split:]
+    vocab = Vocabulary(train_text)
+    train = stream_batches(vocab.encode(train_text), args.batch_size, args.seq_len)
+    valid = stream_batches(vocab.encode(valid_text), min(args.batch_size, 8), args.seq_len)
+    unigram = vocab.unigram_bpc(valid_text)
+    print(
+        f"{len(train_text):,} training and {len(valid_text):,} validation characters, {len(vocab)} symbols; "
+        f"unigram model: {unigram:.2f} bits/char; TBPTT(k1={args.k1}, k2={args.k2})",
+        flush=True,
+    )
+
+    model = CharLSTM(len(vocab), args.embedding, args.hidden, args.layers).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+    amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
+    trainer = create_tbptt_trainer(
+        model,
+        optimizer,
+        cross_entropy,
+        args.k1,
+        args.k2,
+        carry_hidden=True,
+        gradient_accumulation_steps=args.accumulation,
+        autocast_dtype=amp_dtype,
+        scaler=args.amp == "fp16",
+        device=device,
+    )
+    if args.clip > 0:
+        # Gradients are final (normalised and unscaled) at OPTIMIZER_STEP_STARTED, before optimizer.step().
+        trainer.add_event_handler(
+            TBPTTEvents.OPTIMIZER_STEP_STARTED, lambda _: nn.utils.clip_grad_norm_(model.parameters(), args.clip)
+        )
+
+    history: dict = {"unigram_bpc": unigram, "valid_bpc": [], "train_bpc": []}
+    progress = None if args.no_progress else ProgressBar(persist=True)
+    say = progress.log_message if progress is not None else print
+
+    @trainer.on(Events.EPOCH_COMPLETED)
+    def validate(engine):
+        engine.state.valid_bpc = evaluate_bpc(model, valid, device)
+        history["valid_bpc"].append(engine.state.valid_bpc)
+        history["train_bpc"].append(engine.state.output / LN2)
+        say(
+            f"epoch {engine.state.epoch}: validation {engine.state.valid_bpc:.3f} bits/char "
+            f"(unigram {unigram:.2f}), last training batch {engine.state.output / LN2:.3f} bits/char"
+        )
+
+    tb_logger = TensorboardLogger(log_dir=str(args.logdir))
+    windows = global_step_from_engine(trainer, TBPTTEvents.WINDOW_COMPLETED)
+    tb_logger.attach_output_handler(
+        trainer,
+        TBPTTEvents.WINDOW_COMPLETED,
+        tag="train",
+        state_attributes=["window_loss"],
+        global_step_transform=windows,
+    )
+    tb_logger.attach_output_handler(
+        trainer, Events.EPOCH_COMPLETED, tag="validation", state_attributes=["valid_bpc"], global_step_transform=windows
+    )
+    if progress is not None:
+        progress.attach(trainer, output_transform=lambda loss: {"bits/char": loss / LN2})
+    try:
+        trainer.run(train, max_epochs=args.epochs)
+    finally:
+        tb_logger.close()
+    history["logdir"] = str(args.logdir)
+    return history
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)
