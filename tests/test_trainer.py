@@ -327,3 +327,39 @@ def test_bfloat16_autocast_on_cpu_trains_close_to_float32():
         models.append(model)
     assert_same_parameters(models[0], models[1], atol=2e-2)
     assert all(p.dtype == torch.float32 for p in models[1].parameters())
+
+
+@pytest.mark.parametrize("k1,k2", [(4, 4), (3, 7), (2, 9), (6, 2)])
+def test_retained_history_spans_at_most_k2_minus_k1_steps(k1, k2):
+    torch.manual_seed(0)
+    model = Net().double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, k1, k2, carry_hidden=True)
+    history = trainer._process_function.history
+    spans = []
+
+    @trainer.on(TBPTTEvents.WINDOW_COMPLETED)
+    def measure(_):
+        segments = history.segments
+        spans.append(segments[-1].end - segments[0].start if segments else 0)
+        assert all(s.y_pred is None and s.y_grad is None for s in segments)  # no loss gradient kept
+
+    trainer.run(make_batches([13, 20, 7, 30]), max_epochs=2)
+    assert len(spans) == 2 * -(-70 // k1)  # windows per epoch: 70 steps in windows of k1
+    assert max(spans) == max(0, k2 - k1) and spans[-1] == 0  # nothing survives the end of the stream
+
+
+def test_in_place_parameter_change_under_retained_history_raises_a_clear_error():
+    torch.manual_seed(0)
+    model = Net().double()
+    trainer = create_tbptt_trainer(
+        model, sgd(model), cross_entropy, 2, 6, carry_hidden=True, gradient_accumulation_steps=2
+    )
+
+    # Window 1 ends without an optimizer step; window 2's backward pass reaches into it.
+    @trainer.on(TBPTTEvents.WINDOW_COMPLETED(once=1))
+    def meddle(_):
+        with torch.no_grad():
+            model.rnn.weight_hh_l0.mul_(0.5)  # on the path later windows backpropagate through
+
+    with pytest.raises(RuntimeError, match="modified in place"):
+        trainer.run(make_batches([12]))
