@@ -12,12 +12,32 @@ the cost of one traversal per segment and window: ``k2 / k1`` backward traversal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from .rng import RNGState
 from .schedule import Schedule
+from .versions import WeightVersion
 
-__all__ = ["Segment", "History"]
+__all__ = ["Replay", "Segment", "History"]
+
+
+@dataclass(eq=False)
+class Replay:
+    """What recomputing a segment's forward pass needs: its input, input hidden state, random state and weights.
+
+    Attributes:
+        x: the segment's input, ``x`` narrowed to its steps along the time dimension.
+        hidden: the input hidden state (the leaves the segment ran from), or ``None`` at the stream's start.
+        rng: the random state the forward pass started from.
+        version: the weights it ran with (``None`` when no optimizer step can intervene, k2 <= k1).
+    """
+
+    x: torch.Tensor
+    hidden: Any
+    rng: RNGState
+    version: WeightVersion | None
 
 
 @dataclass(eq=False)
@@ -31,6 +51,7 @@ class Segment:
         outputs: tensors of the output hidden state, still attached to the segment's graph.
         y_pred: prediction tensors whose loss gradient is still owed (``None`` once paid).
         y_grad: the (possibly scaled) loss gradient for ``y_pred``, computed when the segment ran.
+        replay: how to recompute the segment (to rebuild the history after a checkpoint is loaded).
     """
 
     start: int
@@ -39,6 +60,7 @@ class Segment:
     outputs: list[torch.Tensor]
     y_pred: list[torch.Tensor] | None = None
     y_grad: list[torch.Tensor | None] | None = None
+    replay: Replay | None = None
 
     def backward(self, hidden_grad: list[torch.Tensor | None] | None, retain: bool) -> list[torch.Tensor | None]:
         """Backpropagate the owed loss gradient and ``hidden_grad`` (for ``outputs``) through the segment.

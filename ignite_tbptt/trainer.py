@@ -9,11 +9,14 @@ from typing import Any
 
 import torch
 from ignite.contrib.engines.tbptt import Tbptt_Events
-from ignite.engine import DeterministicEngine, Engine, Events, _prepare_batch
+from ignite.engine import Engine, Events, _prepare_batch
 
 from . import hidden as hs
+from . import rng
+from .checkpoint import restore, snapshot
+from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .events import COUNTERS, TBPTTEvents, register_tbptt_events
-from .history import History, Segment
+from .history import History, Replay, Segment
 from .schedule import Schedule
 from .versions import ParameterVersions
 
@@ -44,7 +47,8 @@ class TBPTTStep:
     """Process function of a TBPTT(k1, k2) trainer; build it with :func:`tbptt_training_step`.
 
     It keeps the stream's state between iterations (position, hidden state, retained history, the open
-    window and the accumulated windows), which :meth:`attach` resets at the right ignite events.
+    window and the accumulated windows), which :meth:`attach` resets at the right ignite events, and which
+    :meth:`state_dict` / :meth:`load_state_dict` save and restore for resuming mid-epoch.
     """
 
     def __init__(
@@ -73,9 +77,24 @@ class TBPTTStep:
         self.model_fn, self.output_transform, self.target_count_fn = model_fn, output_transform, target_count_fn
         self.history = History(schedule)
         # Only k2 > k1 keeps graphs alive across an optimizer step.
-        self.versions = ParameterVersions(self._parameters) if schedule.k2 > schedule.k1 else None
+        self.versions = ParameterVersions(self.parameters) if schedule.k2 > schedule.k1 else None
+        self._loaded: dict | None = None
         self.reset_stream()
         self.reset_accumulation()
+
+    def hparams(self) -> dict[str, Any]:
+        """The trainer's hyper-parameters, for logging."""
+        return {
+            "k1": self.schedule.k1,
+            "k2": self.schedule.k2,
+            "carry_hidden": self.carry_hidden,
+            "gradient_accumulation_steps": self.accumulation,
+            "scaler": self.scaler is not None,
+        }
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters the optimizer updates, in its order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
 
     # -- state -------------------------------------------------------------------------------------------------
     def reset_stream(self) -> None:
@@ -96,19 +115,42 @@ class TBPTTStep:
         """Register the events and the handlers that start and end streams and epochs on ``engine``."""
         register_tbptt_events(engine)
         engine.state.window_loss = None
+        engine.state.window_targets = 0
+        engine.state.targets_seen = 0
+        engine.state_dict_user_keys.append("targets_seen")
         engine.add_event_handler(Events.STARTED, self._started)
-        engine.add_event_handler(Events.EPOCH_STARTED, lambda _: self.reset_stream())
+        engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self.end_epoch)
 
     def _started(self, engine: Engine) -> None:
-        self.reset_stream()
-        self.reset_accumulation()
         if engine.state.iteration == 0:
-            for name in COUNTERS:
+            for name in (*COUNTERS, "targets_seen"):
                 setattr(engine.state, name, 0)
+        if self._loaded is not None and engine.state.iteration > 0:
+            restore(self, self._loaded)
+        else:
+            self.reset_stream()
+            self.reset_accumulation()
+        self._loaded = None
 
-    def _parameters(self) -> list[torch.Tensor]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
+    def _epoch_started(self, engine: Engine) -> None:
+        # A run resumed mid-epoch fires EPOCH_STARTED again; the restored stream goes on.
+        if engine.state.epoch_length is None or engine.state.iteration % engine.state.epoch_length == 0:
+            self.reset_stream()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's state: position, hidden state, open window, accumulated gradients, retained history.
+
+        The retained graphs are saved as what rebuilds them (each segment's input, input hidden state,
+        random state, and the weights it ran with); :meth:`load_state_dict` rebuilds them when the next run
+        starts, so that resuming gives the parameters of an uninterrupted run. ``create_tbptt_trainer``'s
+        engine includes this in its own ``state_dict()``, so ignite's ``Checkpoint`` saves it.
+        """
+        return snapshot(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state when the engine's next run starts (after model and optimizer load)."""
+        self._loaded = state
 
     # -- one iteration ---------------------------------------------------------------------------------------------
     def __call__(self, engine: Engine, batch: Sequence[Any]) -> Any:
@@ -120,9 +162,8 @@ class TBPTTStep:
             self.reset_stream()
         offset = self.position
         batch_end = offset + length
-        last_iteration = (
-            engine.state.epoch_length is not None and engine.state.iteration % engine.state.epoch_length == 0
-        )
+        epoch_length = engine.state.epoch_length
+        last_iteration = epoch_length is not None and engine.state.iteration % epoch_length == 0
         stream_end = batch_end if not self.carry_hidden or last_iteration else None
 
         loss_sum: Any = 0.0
@@ -135,8 +176,11 @@ class TBPTTStep:
                 self._start_window(engine, start)
             end = min(self.schedule.segment_end(step, stream_end), batch_end)
             window_end = self._known_window_end(start, batch_end, stream_end)
-            loss, n, y_pred = self._run_segment(x, y, offset, step, end, start, window_end, batch_end, stream_end)
+            x_seg = x.narrow(self.time_dim, step - offset, end - step)
+            y_seg = y.narrow(self.time_dim, step - offset, end - step)
+            loss, n, y_pred = self._run_segment(x_seg, y_seg, step, end, start, window_end, batch_end, stream_end)
             loss_sum, targets = loss_sum + loss, targets + n
+            engine.state.targets_seen += n
             y_preds.append(y_pred)
             step = end
             if end == window_end:
@@ -155,11 +199,16 @@ class TBPTTStep:
             return self.schedule.window_end(start, stream_end)
         return start + self.schedule.k1 if batch_end >= start + self.schedule.k1 else None
 
+    def forward(self, x: torch.Tensor, hidden: Any, kept: bool) -> tuple[Any, Any]:
+        """One model call under autocast; ``kept`` runs it under the hooks that keep its weights across steps."""
+        with self.autocast(), self.versions.hooks() if kept else nullcontext():
+            output = self.model_fn(self.model, x, hidden)
+        return self._check_output(output, hidden)
+
     def _run_segment(
         self,
         x: torch.Tensor,
         y: torch.Tensor,
-        offset: int,
         step: int,
         end: int,
         start: int,
@@ -178,38 +227,37 @@ class TBPTTStep:
         lowest_cut = self.schedule.cut(start, window_end if window_end is not None else batch_end)
         own_loss_only = step < lowest_cut  # a step before a k2 < k1 cut
         kept = self.versions is not None and end != stream_end and self.schedule.reached_later(step, start)
-
-        x_seg = x.narrow(self.time_dim, step - offset, end - step)
-        y_seg = y.narrow(self.time_dim, step - offset, end - step)
         hidden_in, inputs = (None, []) if self.hidden is None else hs.as_leaves(self.hidden, step > lowest_cut)
-        with self.autocast():
-            with self.versions.hooks() if kept else nullcontext():
-                output = self.model_fn(self.model, x_seg, hidden_in)
-            y_pred, hidden_out = self._check_output(output, hidden_in)
-            n = y_seg.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y_seg))
-            if own_loss_only:
-                y_owed, loss = None, (self.loss_fn(y_pred, y_seg) * n if n else None)
-            else:
-                # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
-                # only the gradient of the predictions waits for the window's backward sweep.
-                y_owed = [t.detach().requires_grad_(t.requires_grad) for t in hs.flatten(y_pred)]
-                loss = self.loss_fn(hs.unflatten(y_pred, y_owed), y_seg) * n if n else None
-        if loss is not None:
-            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            loss = loss.detach()
+        replay = None
+        if not own_loss_only:
+            version = self.versions.current if self.versions is not None else None
+            replay = Replay(x, hidden_in, rng.capture(x.device), version)
+
+        y_pred, hidden_out = self.forward(x, hidden_in, kept)
+        n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
+        if own_loss_only:
+            y_owed, loss_input = None, y_pred
         else:
-            loss = 0.0
+            # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
+            # only the gradient of the predictions waits for the window's backward sweep.
+            y_owed = [t.detach().requires_grad_(t.requires_grad) for t in hs.flatten(y_pred)]
+            loss_input = hs.unflatten(y_pred, y_owed)
+        loss: Any = 0.0
+        if n:
+            with self.autocast():
+                weighted = self.loss_fn(loss_input, y) * n
+            (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
+            loss = weighted.detach()
         if not own_loss_only:
             owed = hs.flatten(y_pred) if n else None
             y_grad = [t.grad for t in y_owed] if n else None
-            self.history.append(Segment(step, end, inputs, hs.flatten(hidden_out), owed, y_grad))
+            self.history.append(Segment(step, end, inputs, hs.flatten(hidden_out), owed, y_grad, replay))
         self.hidden = hidden_out
         self.position = end
         self.window_loss = self.window_loss + loss
         self.window_targets += n
         self.group_targets += n
-        y_out = hs.as_leaves(y_pred, False)[0] if self.output_transform is not None else None
-        return loss, n, y_out
+        return loss, n, hs.as_leaves(y_pred, False)[0] if self.output_transform is not None else None
 
     # -- window and step boundaries ------------------------------------------------------------------------------
     def _start_window(self, engine: Engine, start: int) -> None:
@@ -229,6 +277,7 @@ class TBPTTStep:
             self._optimizer_step(engine)
         targets = self.window_targets
         engine.state.window_loss = self.window_loss / targets if targets else torch.tensor(float("nan"))
+        engine.state.window_targets = targets
         engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)
         engine.fire_event(Tbptt_Events.TIME_ITERATION_COMPLETED)
 
@@ -241,7 +290,7 @@ class TBPTTStep:
             self.versions.freeze()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grads = [p.grad for p in self._parameters() if p.grad is not None]
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
         if grads:
             # Exact normalisation: the accumulated windows' summed per-target gradients over their target count.
             torch._foreach_div_(grads, targets)
@@ -528,8 +577,7 @@ def create_tbptt_trainer(
         output_transform=output_transform,
         target_count_fn=target_count_fn,
     )
-    engine = DeterministicEngine(step) if deterministic else Engine(step)
-    step.attach(engine)
+    engine = DeterministicTBPTTEngine(step) if deterministic else TBPTTEngine(step)
     if step.scaler is not None:
         engine.state.scaler = step.scaler
     return engine

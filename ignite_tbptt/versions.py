@@ -4,9 +4,9 @@ With k2 > k1 a window's backward pass reaches into steps that ran before the las
 graphs saved the parameters they used, and ``optimizer.step()`` updates those parameters in place. Autograd
 would refuse to backpropagate ("modified by an inplace operation"); copying the weights on every forward
 would waste memory. Instead, the forward pass of such steps runs under ``saved_tensors_hooks`` that mark every
-saved tensor living in a parameter's storage, and just before an optimizer step the storages marked since the
-previous step are copied once. Backward then reads the copy: the gradient of the weights each step was
-computed with, as SPEC.md requires.
+saved tensor living in a parameter's storage, and right before an optimizer step the parameters are copied
+once (:meth:`ParameterVersions.freeze`). Backward then reads the copy: the gradient of the weights each step
+was computed with, as SPEC.md requires. The copy also lets a checkpoint rebuild the retained history.
 
 Saved parameters are matched by *storage*, not identity, because graphs often save views (a linear layer
 saves ``weight.t()``; cuDNN's RNN saves its flat weight buffer). And since hooks switch off autograd's own
@@ -16,13 +16,14 @@ change nobody announced still raises instead of giving silently wrong gradients.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-__all__ = ["ParameterVersions"]
+__all__ = ["WeightVersion", "ParameterVersions"]
 
 _MODIFIED = (
     "a tensor saved for the retained backward history was modified in place (version {saved} -> {now}). "
@@ -30,34 +31,42 @@ _MODIFIED = (
 )
 
 
-class _Version:
-    """Parameter storages seen between two optimizer steps, and their copies once a step is taken."""
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
 
-    __slots__ = ("aliases", "copies", "frozen_versions")
+
+def _view(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor:
+    return like.new_empty(0).set_(storage, like.storage_offset(), like.size(), like.stride())
+
+
+class WeightVersion:
+    """The weights between two optimizer steps: the live parameters until frozen, then copies of them."""
+
+    __slots__ = ("copies", "records", "__weakref__")
 
     def __init__(self) -> None:
-        self.aliases: dict[int, torch.Tensor] = {}
         self.copies: dict[int, torch.UntypedStorage] | None = None
-        self.frozen_versions: dict[int, int] = {}
+        self.records: weakref.WeakSet[_SavedParameter] = weakref.WeakSet()
+
+    @property
+    def frozen(self) -> bool:
+        """Whether an optimizer step has happened since these weights were used."""
+        return self.copies is not None
 
 
 class _SavedParameter:
-    __slots__ = ("version", "key", "tensor", "saved")
+    __slots__ = ("version", "tensor", "saved", "at_freeze", "__weakref__")
 
-    def __init__(self, version: _Version, key: int, tensor: torch.Tensor) -> None:
-        self.version, self.key, self.tensor, self.saved = version, key, tensor, tensor._version
+    def __init__(self, version: WeightVersion, tensor: torch.Tensor) -> None:
+        self.version, self.tensor, self.saved, self.at_freeze = version, tensor, tensor._version, None
+        version.records.add(self)
 
     def unpack(self) -> torch.Tensor:
         v, t = self.version, self.tensor
-        if v.copies is None:
-            now = t._version
-            source = t
-        else:
-            now = v.frozen_versions[self.key]
-            source = t.new_empty(0).set_(v.copies[self.key], t.storage_offset(), t.size(), t.stride())
+        now = t._version if v.copies is None else self.at_freeze
         if now != self.saved:
             raise RuntimeError(_MODIFIED.format(saved=self.saved, now=now))
-        return source
+        return t if v.copies is None else _view(v.copies[_key(t)], t)
 
 
 class _SavedTensor:
@@ -76,8 +85,8 @@ class ParameterVersions:
     """Saved-tensor hooks that let retained graphs outlive in-place optimizer steps.
 
     Args:
-        parameters: a callable returning the parameters an optimizer may update (read on every ``hooks()``
-            so that moving the model to another device is followed).
+        parameters: a callable returning the parameters an optimizer may update (read on every call, so
+            that moving the model to another device is followed).
 
     Examples:
         >>> lin = torch.nn.Linear(1, 1, bias=False)
@@ -97,30 +106,37 @@ class ParameterVersions:
     def __init__(self, parameters: Callable[[], Iterable[torch.Tensor]]) -> None:
         self._parameters = parameters
         self._storages: set[int] = set()
-        self._current = _Version()
+        self.current = WeightVersion()
 
     def hooks(self) -> AbstractContextManager:
         """Context manager under which the forward pass of retained steps runs."""
-        self._storages = {p.untyped_storage().data_ptr() for p in self._parameters() if p.numel()}
+        self._storages = {_key(p) for p in self._parameters() if p.numel()}
         return saved_tensors_hooks(self._pack, _unpack)
 
     def freeze(self) -> None:
-        """Copy the parameter storages saved since the last call; call it right before ``optimizer.step()``."""
-        v = self._current
-        if v.aliases:
-            v.frozen_versions = {key: t._version for key, t in v.aliases.items()}
-            v.copies = {key: t.untyped_storage().clone() for key, t in v.aliases.items()}
-            v.aliases = {}
-            self._current = _Version()
+        """Copy the parameters for the graphs computed since the last call; call it right before the step."""
+        v = self.current
+        for record in v.records:
+            record.at_freeze = record.tensor._version
+        v.copies = {}
+        for p in self._parameters():
+            if p.numel() and _key(p) not in v.copies:
+                v.copies[_key(p)] = p.untyped_storage().clone()
+        self.current = WeightVersion()
+
+    def values(self, version: WeightVersion) -> list[torch.Tensor]:
+        """The parameters' values in ``version``, in ``parameters()`` order (views, not copies)."""
+        params = list(self._parameters())
+        if version.copies is None:
+            return [p.detach() for p in params]
+        return [_view(version.copies[_key(p)], p) if p.numel() else p.detach() for p in params]
 
     def _pack(self, tensor: torch.Tensor) -> _SavedParameter | _SavedTensor:
         # detach(): the record must not hold the tensor's grad_fn, or an output saved by its own node forms a
         # reference cycle through C++ that Python's collector cannot break. The alias shares the version counter.
         alias = tensor.detach()
-        key = tensor.untyped_storage().data_ptr()
-        if key in self._storages:
-            self._current.aliases.setdefault(key, alias)
-            return _SavedParameter(self._current, key, alias)
+        if _key(tensor) in self._storages:
+            return _SavedParameter(self.current, alias)
         return _SavedTensor(alias)
 
 

@@ -15,15 +15,16 @@ from torch.func import functional_call
 class Net(nn.Module):
     """Linear input, a recurrent layer, linear head; returns ``(y_pred, hidden)`` like ignite expects."""
 
-    def __init__(self, cell: str = "lstm", batch_first: bool = False, n_in: int = 3, n_hidden: int = 5, n_out: int = 4):
+    def __init__(self, cell="lstm", batch_first=False, n_in=3, n_hidden=5, n_out=4, dropout=0.0):
         super().__init__()
+        self.dropout = nn.Dropout(dropout)
         rnn = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[cell]
         self.inp = nn.Linear(n_in, n_in)
         self.rnn = rnn(n_in, n_hidden, batch_first=batch_first)
         self.head = nn.Linear(n_hidden, n_out)
 
     def forward(self, x, hidden=None):
-        h, hidden = self.rnn(torch.tanh(self.inp(x)), hidden)
+        h, hidden = self.rnn(self.dropout(torch.tanh(self.inp(x))), hidden)
         return self.head(h), hidden
 
 

@@ -334,7 +334,7 @@ def test_retained_history_spans_at_most_k2_minus_k1_steps(k1, k2):
     torch.manual_seed(0)
     model = Net().double()
     trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, k1, k2, carry_hidden=True)
-    history = trainer._process_function.history
+    history = trainer.tbptt.history
     spans = []
 
     @trainer.on(TBPTTEvents.WINDOW_COMPLETED)

@@ -1,0 +1,72 @@
+import pytest
+import torch
+from ignite.engine import Events
+from ignite.handlers import Checkpoint, DiskSaver
+from reference import Net, cross_entropy
+from test_trainer import make_batches
+
+from ignite_tbptt import create_tbptt_trainer
+
+DROPOUT = 0.3  # dropout makes the rebuilt history depend on replaying the random state
+
+
+def build(k1, k2, accumulation, scaler):
+    model = Net(n_hidden=8, dropout=DROPOUT)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+    trainer = create_tbptt_trainer(
+        model,
+        optimizer,
+        cross_entropy,
+        k1,
+        k2,
+        carry_hidden=True,
+        gradient_accumulation_steps=accumulation,
+        scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8) if scaler else False,
+        deterministic=True,
+    )
+    return model, optimizer, trainer
+
+
+# 44 steps in 5 batches per epoch; iteration 7 is the second batch of epoch 2, where windows and accumulated
+# windows are left open and, for k2 > k1, history from before the last optimizer steps is retained.
+BATCHES = [(x.float(), y) for x, y in make_batches([7, 12, 5, 9, 11])]
+
+
+@pytest.mark.parametrize(
+    "k1,k2,accumulation,scaler",
+    [(3, 7, 2, False), (2, 9, 1, True), (4, 4, 3, False), (5, 2, 2, False)],
+    ids=["k2>k1-acc2", "k2>>k1-scaler", "k1=k2-acc3", "k2<k1-acc2"],
+)
+@pytest.mark.parametrize("stop_at", [7, 3])
+def test_resuming_mid_epoch_through_ignite_checkpoint_is_bit_identical(tmp_path, k1, k2, accumulation, scaler, stop_at):
+    torch.manual_seed(0)
+    model, _, trainer = build(k1, k2, accumulation, scaler)
+    trainer.run(BATCHES, max_epochs=3)
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+
+    torch.manual_seed(0)
+    model, optimizer, trainer = build(k1, k2, accumulation, scaler)
+    to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
+    saver = Checkpoint(to_save, DiskSaver(tmp_path, require_empty=False), n_saved=None)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), saver)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
+    trainer.run(BATCHES, max_epochs=3)
+    assert trainer.tbptt.history.segments or k2 <= k1  # there is retained history to rebuild
+    torch.save(trainer.tbptt.state_dict(), tmp_path / "stream.pt")
+    torch.load(tmp_path / "stream.pt", weights_only=True)  # the stream state is plain tensors and numbers
+
+    # A new process, set up as ignite's DeterministicEngine expects: same seed, then load the checkpoint.
+    torch.manual_seed(0)
+    model, optimizer, trainer = build(k1, k2, accumulation, scaler)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()  # whatever is trained from here comes from the checkpoint
+    (path,) = tmp_path.glob("checkpoint_*.pt")
+    # weights_only=False: ignite's DeterministicEngine saves numpy's random state alongside.
+    checkpoint = torch.load(path, weights_only=False)
+    Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, checkpoint)
+    trainer.run(BATCHES, max_epochs=3)
+
+    for p, q in zip(model.parameters(), uninterrupted):
+        assert torch.equal(p, q)
+    assert trainer.state.iteration == 15 and trainer.state.window > 0
