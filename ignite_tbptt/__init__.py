@@ -1,8 +1,30 @@
 """Generalised truncated backpropagation through time, TBPTT(k1, k2), for PyTorch-Ignite."""
 
+from .clipping import GradientClipping, gradient_norm
+from .engine import DeterministicTBPTTEngine, TBPTTEngine
+from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
+from .metrics import BitsPerTarget, Perplexity
+from .plot import plot_schedule
 from .schedule import Schedule
+from .tensorboard import attach_tensorboard
 from .trainer import TBPTTStep, create_tbptt_trainer, default_model_fn, tbptt_training_step
 
-__all__ = ["create_tbptt_trainer", "tbptt_training_step", "TBPTTStep", "TBPTTEvents", "Schedule", "default_model_fn"]
+__all__ = [
+    "create_tbptt_trainer",
+    "tbptt_training_step",
+    "TBPTTStep",
+    "TBPTTEngine",
+    "DeterministicTBPTTEngine",
+    "TBPTTEvents",
+    "Schedule",
+    "default_model_fn",
+    "create_tbptt_evaluator",
+    "BitsPerTarget",
+    "Perplexity",
+    "GradientClipping",
+    "gradient_norm",
+    "plot_schedule",
+    "attach_tensorboard",
+]
 __version__ = "0.1.0"

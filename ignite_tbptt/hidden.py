@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from ignite.utils import apply_to_tensor
 
-__all__ = ["flatten", "unflatten", "as_leaves", "signature"]
+__all__ = ["flatten", "unflatten", "as_leaves", "signature", "cat"]
 
 
 def flatten(tree: Any) -> list[torch.Tensor]:
@@ -45,3 +45,11 @@ def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
 def signature(tree: Any) -> Any:
     """Nesting, shapes and dtypes of ``tree``; equal signatures mean interchangeable hidden states."""
     return apply_to_tensor(tree, lambda t: (tuple(t.shape), t.dtype))
+
+
+def cat(parts: list[Any], dim: int) -> Any:
+    """Join same-structured ``parts`` (e.g. the predictions of consecutive segments) along ``dim``."""
+    if len(parts) == 1:
+        return parts[0]
+    leaves = [flatten(p) for p in parts]
+    return unflatten(parts[0], [torch.cat(ts, dim=dim) for ts in zip(*leaves)])

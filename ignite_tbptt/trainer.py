@@ -191,7 +191,7 @@ class TBPTTStep:
         loss = loss_sum / targets if targets else torch.tensor(float("nan"))
         if self.output_transform is None:
             return loss.item()
-        return self.output_transform(x, y, _cat_time(y_preds, self.time_dim), loss)
+        return self.output_transform(x, y, hs.cat(y_preds, self.time_dim), loss)
 
     def _known_window_end(self, start: int, batch_end: int, stream_end: int | None) -> int | None:
         # The end of the window is known once the stream's end is, or once the batch holds the whole window.
@@ -344,13 +344,6 @@ class TBPTTStep:
                 "of an epoch must have the same batch size."
             )
         return y_pred, hidden_out
-
-
-def _cat_time(parts: list[Any], time_dim: int) -> Any:
-    if len(parts) == 1:
-        return parts[0]
-    leaves = [hs.flatten(p) for p in parts]
-    return hs.unflatten(parts[0], [torch.cat(ts, dim=time_dim) for ts in zip(*leaves)])
 
 
 def tbptt_training_step(

@@ -1,0 +1,102 @@
+"""``create_tbptt_evaluator``: evaluate a recurrent model over streams, carrying the hidden state."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from ignite.engine import Engine, Events, _prepare_batch
+from ignite.metrics import Metric
+
+from . import hidden as hs
+from .trainer import default_model_fn
+
+__all__ = ["create_tbptt_evaluator"]
+
+
+def create_tbptt_evaluator(
+    model: torch.nn.Module,
+    metrics: Mapping[str, Metric] | None = None,
+    *,
+    time_dim: int = 0,
+    carry_hidden: bool = False,
+    segment_length: int | None = None,
+    device: str | torch.device | None = None,
+    non_blocking: bool = False,
+    prepare_batch: Callable = _prepare_batch,
+    model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
+    output_transform: Callable[[Any, Any, Any], Any] = lambda x, y, y_pred: (y_pred, y),
+    autocast_dtype: torch.dtype | None = None,
+) -> Engine:
+    """Create an ignite evaluator for models called as ``y_pred, hidden = model(x, hidden)``.
+
+    Like ignite's ``create_supervised_evaluator``, with the hidden state handled the way
+    :func:`~ignite_tbptt.create_tbptt_trainer` handles it: with ``carry_hidden=True`` the batches of one run
+    are consecutive pieces of one stream (a validation text), the hidden state flowing from batch to batch;
+    each ``evaluator.run(...)`` starts a fresh stream. The model runs in ``eval()`` mode without gradients.
+
+    Args:
+        model: the model; left in ``train()`` mode afterwards only if the trainer sets it so (it does).
+        metrics: ignite metrics to attach by name, e.g. ``{"bpc": BitsPerTarget(loss_fn)}``.
+        time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred`` (0 for ``(T, B, *)``).
+        carry_hidden: carry the hidden state across the batches of a run.
+        segment_length: run the model on pieces of at most this many steps (bounds activation memory for very
+            long batches; the result is the same); default: the whole batch in one call.
+        device: device to move batches to.
+        non_blocking: passed to ``prepare_batch``.
+        prepare_batch: ``prepare_batch(batch, device, non_blocking) -> (x, y)``.
+        model_fn: ``model_fn(model, x, hidden) -> (y_pred, hidden)``, ``hidden`` None at a stream's start.
+        output_transform: ``output_transform(x, y, y_pred)``; default ``(y_pred, y)`` for ignite metrics, with
+            ``y_pred`` the batch's predictions joined along ``time_dim``.
+        autocast_dtype: run the model under ``torch.autocast`` with this dtype.
+
+    Returns:
+        An ignite ``Engine``.
+
+    Raises:
+        ValueError: if ``segment_length`` is not a positive int.
+
+    Examples:
+        >>> import torch
+        >>> from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator
+        >>> gru = torch.nn.GRU(input_size=1, hidden_size=1)  # gru(x, hidden) -> (y_pred, hidden)
+        >>> bits = BitsPerTarget(torch.nn.functional.mse_loss)
+        >>> evaluator = create_tbptt_evaluator(gru, {"bits": bits}, carry_hidden=True)
+        >>> x = torch.randn(6, 2, 1)  # (T, B, 1): one stream of 6 steps in 2 batches
+        >>> state = evaluator.run([(x[:3], x[:3]), (x[3:], x[3:])])
+        >>> list(state.metrics)
+        ['bits']
+    """
+    if segment_length is not None and (isinstance(segment_length, bool) or not isinstance(segment_length, int)):
+        raise ValueError(f"segment_length must be a positive int or None, got {segment_length!r}.")
+    if segment_length is not None and segment_length < 1:
+        raise ValueError(f"segment_length must be a positive int or None, got {segment_length!r}.")
+    if device is not None:
+        device_type = torch.device(device).type
+    else:
+        device_type = next((p.device.type for p in model.parameters()), "cpu")
+    stream: dict[str, Any] = {"hidden": None}
+
+    @torch.no_grad()
+    def evaluate(engine: Engine, batch: Sequence[Any]) -> Any:
+        model.eval()
+        x, y = prepare_batch(batch, device=device, non_blocking=non_blocking)
+        hidden = stream["hidden"] if carry_hidden else None
+        length = x.shape[time_dim]
+        size = segment_length or length
+        y_preds = []
+        autocast = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
+        with autocast:
+            for start in range(0, length, size):
+                y_pred, hidden = model_fn(model, x.narrow(time_dim, start, min(size, length - start)), hidden)
+                y_preds.append(y_pred)
+        stream["hidden"] = hidden
+        return output_transform(x, y, hs.cat(y_preds, time_dim))
+
+    evaluator = Engine(evaluate)
+    evaluator.add_event_handler(Events.EPOCH_STARTED, lambda _: stream.update(hidden=None))
+    for name, metric in (metrics or {}).items():
+        metric.attach(evaluator, name)
+    return evaluator

@@ -1,0 +1,57 @@
+"""Per-target metrics for sequence models: bits per target (bits per character) and perplexity."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from ignite.metrics import Loss
+
+__all__ = ["BitsPerTarget", "Perplexity"]
+
+
+def _numel(y: torch.Tensor) -> int:
+    return y.numel()
+
+
+class BitsPerTarget(Loss):
+    """Mean loss per target in bits: ignite's ``Loss`` weighted by target count, divided by ln 2.
+
+    With a cross-entropy ``loss_fn`` over characters this is bits per character. Every target weighs the
+    same, whatever the batch shapes (ignite's ``Loss`` weighs by ``len(y)``, the first dimension), and the
+    sum is kept in float64.
+
+    Args:
+        loss_fn: ``loss_fn(y_pred, y)``, mean over its targets, in nats.
+        output_transform: maps the engine's output to ``(y_pred, y)``.
+        batch_size: number of targets in ``y``; default ``y.numel()`` (count non-padding targets for padded data).
+        device: where the running sums live.
+    """
+
+    def __init__(
+        self,
+        loss_fn: Callable,
+        output_transform: Callable = lambda x: x,
+        batch_size: Callable = _numel,
+        device: str | torch.device = "cpu",
+    ) -> None:
+        super().__init__(loss_fn, output_transform=output_transform, batch_size=batch_size, device=device)
+
+    def reset(self) -> None:
+        """Start a new sum, in float64: a validation stream of millions of targets outgrows float32's precision."""
+        super().reset()
+        if self._device.type != "mps":
+            self._sum = self._sum.double()
+
+    def compute(self) -> float:
+        """The mean loss per target, in bits."""
+        return super().compute() / math.log(2)
+
+
+class Perplexity(BitsPerTarget):
+    """``exp`` of the mean per-target loss (``2 ** BitsPerTarget``); arguments as :class:`BitsPerTarget`."""
+
+    def compute(self) -> float:
+        """The perplexity."""
+        return 2.0 ** super().compute()

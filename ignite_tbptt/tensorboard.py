@@ -1,0 +1,141 @@
+"""Log a TBPTT run to TensorBoard in one call, through ignite's ``TensorboardLogger``."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from ignite.engine import Engine, Events
+from ignite.handlers import TensorboardLogger, global_step_from_engine
+
+from .clipping import gradient_norm
+from .engine import DeterministicTBPTTEngine, TBPTTEngine
+from .events import TBPTTEvents
+from .plot import plot_schedule
+
+__all__ = ["attach_tensorboard"]
+
+_TRAIN_ATTRIBUTES = ["window_loss", "grad_norm", "lr", "loss_scale", "targets_per_second", "peak_memory_mib"]
+
+
+def _peak_memory_mib(device: torch.device) -> float | None:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        import resource
+    except ImportError:  # not reported on this platform
+        return None
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10  # bytes on macOS, KiB on Linux
+
+
+class _Telemetry:
+    """Puts what the "train" section logs into ``engine.state`` just before it is logged."""
+
+    def __init__(self, trainer: Engine) -> None:
+        self.last_time: float | None = None
+        self.last_targets = 0
+        params = trainer.tbptt.parameters()
+        self.device = params[0].device if params else torch.device("cpu")
+        self.scaler = trainer.tbptt.scaler
+        self.optimizer = trainer.tbptt.optimizer
+        state = trainer.state
+        state.grad_norm = torch.tensor(float("nan"))
+        state.lr = {}
+        state.loss_scale = float("nan")
+        state.targets_per_second = float("nan")
+        state.peak_memory_mib = float("nan")
+
+    def started(self, engine: Engine) -> None:
+        self.last_time, self.last_targets = time.perf_counter(), engine.state.targets_seen
+
+    def __call__(self, engine: Engine) -> None:
+        now, seen = time.perf_counter(), engine.state.targets_seen
+        state = engine.state
+        state.targets_per_second = (seen - self.last_targets) / max(now - self.last_time, 1e-9)
+        self.last_time, self.last_targets = now, seen
+        state.lr = {f"group_{i}": float(group["lr"]) for i, group in enumerate(self.optimizer.param_groups)}
+        if self.scaler is not None:
+            state.loss_scale = self.scaler.get_scale()
+        peak = _peak_memory_mib(self.device)
+        state.peak_memory_mib = float("nan") if peak is None else peak
+
+
+def attach_tensorboard(
+    trainer: TBPTTEngine | DeterministicTBPTTEngine,
+    logger: str | Path | TensorboardLogger,
+    *,
+    evaluators: Mapping[str, Engine] | None = None,
+    hparams: Mapping[str, Any] | None = None,
+    x_axis: str = "windows",
+    every: int = 1,
+) -> TensorboardLogger:
+    """Log the training curves, validation metrics, hyper-parameters and schedule of a TBPTT run.
+
+    Everything goes through ignite's ``TensorboardLogger`` (``OutputHandler`` with state attributes). Every
+    ``every`` windows (``TBPTTEvents.WINDOW_COMPLETED``), under ``train/``:
+
+    - ``window_loss``: the window's mean per-target loss (nats for cross-entropy);
+    - ``grad_norm``: total 2-norm of the last optimizer step's gradients, before clipping (after unscaling);
+    - ``lr/group_i``: each parameter group's learning rate;
+    - ``loss_scale``: the ``GradScaler``'s scale, when the trainer has one;
+    - ``targets_per_second``: targets (tokens) processed per second of wall-clock time since the last log;
+    - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
+      peak resident set (where the platform reports it).
+
+    After each run of an evaluator, its ``engine.state.metrics`` under the evaluator's name. Once, at
+    attachment: the hyper-parameters (the trainer's k1, k2, ... and ``hparams``) for TensorBoard's HParams
+    tab, and the schedule picture (:func:`~ignite_tbptt.plot_schedule`) as the image ``schedule``.
+
+    Args:
+        trainer: an engine from :func:`~ignite_tbptt.create_tbptt_trainer`.
+        logger: a log directory, or a ``TensorboardLogger`` to add to.
+        evaluators: evaluators by name (the tag), e.g. ``{"validation": evaluator}``.
+        hparams: more hyper-parameters to record (ints, floats, strings, bools).
+        x_axis: ``"windows"`` (``engine.state.window``) or ``"tokens"`` (``engine.state.targets_seen``, the
+            targets processed so far) for every curve, validation included.
+        every: log the training curves every ``every`` windows.
+
+    Returns:
+        The ``TensorboardLogger``; close it at the end of the run (``logger.close()``).
+
+    Raises:
+        TypeError: if ``trainer`` does not come from ``create_tbptt_trainer``.
+        ValueError: if ``x_axis`` is neither ``"windows"`` nor ``"tokens"``, or ``every`` is not positive.
+    """
+    if not hasattr(trainer, "tbptt"):
+        raise TypeError("trainer must be an engine returned by create_tbptt_trainer.")
+    if x_axis not in ("windows", "tokens"):
+        raise ValueError(f'x_axis must be "windows" or "tokens", got {x_axis!r}.')
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"every must be a positive int, got {every!r}.")
+    tb = logger if isinstance(logger, TensorboardLogger) else TensorboardLogger(log_dir=str(logger))
+    if x_axis == "windows":
+        step = global_step_from_engine(trainer, TBPTTEvents.WINDOW_COMPLETED)
+    else:
+
+        def step(_: Engine, __: Any) -> int:
+            return trainer.state.targets_seen
+
+    params = trainer.tbptt.parameters()
+    trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, lambda engine: gradient_norm(engine, params))
+    telemetry = _Telemetry(trainer)
+    trainer.add_event_handler(Events.STARTED, telemetry.started)
+    window_event = TBPTTEvents.WINDOW_COMPLETED(every=every)
+    trainer.add_event_handler(window_event, telemetry)
+    attributes = [a for a in _TRAIN_ATTRIBUTES if a != "loss_scale" or trainer.tbptt.scaler is not None]
+    tb.attach_output_handler(
+        trainer, window_event, tag="train", state_attributes=attributes, global_step_transform=step
+    )
+    for name, evaluator in (evaluators or {}).items():
+        tb.attach_output_handler(evaluator, Events.COMPLETED, tag=name, metric_names="all", global_step_transform=step)
+
+    k1, k2 = trainer.tbptt.schedule.k1, trainer.tbptt.schedule.k2
+    values = {**trainer.tbptt.hparams(), **(hparams or {})}
+    tb.writer.add_hparams(values, {}, run_name=".")  # "." keeps them in the run's own directory
+    tb.writer.add_figure("schedule", plot_schedule(k1, k2, n_steps=min(4 * k1 + k2, 12 * k1)))
+    return tb
