@@ -2,6 +2,7 @@ import math
 import subprocess
 import sys
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ignite_tbptt.examples import char_lm
@@ -14,14 +15,17 @@ def test_main_job_learns_and_logs_the_loss_curve_to_tensorboard(tmp_path):
 
     events = EventAccumulator(str(tmp_path))
     events.Reload()
-    assert {"train/window_loss", "validation/valid_bpc"} <= set(events.Tags()["scalars"])
+    assert {"train/window_loss", "train/grad_norm", "validation/bpc"} <= set(events.Tags()["scalars"])
+    assert events.Tags()["images"] == ["schedule"]
     curve = events.Scalars("train/window_loss")
     # 38,000 training characters in 8 streams: 4,749 steps per epoch, so 475 windows of 10 steps.
     assert [e.step for e in curve] == list(range(1, 2 * 475 + 1))
     first, last = curve[:20], curve[-20:]
     assert curve[0].value > math.log(50)  # the untrained model guesses among ~80 symbols
     assert sum(e.value for e in last) / 20 < 0.75 * sum(e.value for e in first) / 20
-    assert [e.step for e in events.Scalars("validation/valid_bpc")] == [475, 950]
+    validation = events.Scalars("validation/bpc")
+    assert [e.step for e in validation] == [475, 950]
+    assert [e.value for e in validation] == pytest.approx(history["valid_bpc"], rel=1e-6)
     assert history["valid_bpc"][1] < history["valid_bpc"][0] < history["unigram_bpc"]
 
 
@@ -48,3 +52,13 @@ def test_module_runs_from_the_command_line_on_a_text_file(tmp_path):
     bpc = float(result.stdout.split("epoch 1: validation ")[1].split()[0])
     assert bpc < 3.0  # a 28-symbol repeated sentence is learnt well below its unigram entropy
     assert list((tmp_path / "runs").glob("events.out.tfevents.*"))
+
+
+def test_resume_from_a_mid_epoch_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
+    args = [*SMALL, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--checkpoint-every", "40"]
+    full = char_lm.main([*args, "--logdir", str(tmp_path / "full")])
+    # 4,749 steps of 50 per epoch: 95 iterations; the last two checkpoints kept are 120 and 160, in epoch 2.
+    checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint_120.pt"
+    assert checkpoint.is_file()
+    resumed = char_lm.main([*args, "--logdir", str(tmp_path / "resumed"), "--resume", str(checkpoint)])
+    assert resumed["valid_bpc"] == [full["valid_bpc"][-1]]  # exactly: the same parameters
