@@ -54,6 +54,7 @@ def snapshot(step: TBPTTStep) -> dict[str, Any]:
     current = next((i for i, v in enumerate(versions) if not v.frozen), None)
     return {
         "position": step.position,
+        "streams": step.streams,
         "hidden": _detached(step.hidden),
         "window": step.window,
         "window_loss": step.window_loss,
@@ -77,6 +78,7 @@ def restore(step: TBPTTStep, state: dict[str, Any]) -> None:
     step.reset_stream()
     step.reset_accumulation()
     step.position, step.hidden, step.window = state["position"], state["hidden"], state["window"]
+    step.streams = state["streams"]
     step.window_loss, step.window_targets = state["window_loss"], state["window_targets"]
     step.group_windows, step.group_targets = state["group_windows"], state["group_targets"]
     params = step.parameters()

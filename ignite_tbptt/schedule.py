@@ -18,7 +18,9 @@ __all__ = ["Schedule"]
 
 
 def _check_length(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int (a number of time steps), got {type(value).__name__}.")
+    if value < 1:
         raise ValueError(f"{name} must be a positive int (a number of time steps), got {value!r}.")
     return value
 
@@ -38,7 +40,8 @@ class Schedule:
         k2: steps a full window's backward pass reaches back from its end.
 
     Raises:
-        ValueError: if ``k1`` or ``k2`` is not a positive int.
+        TypeError: if ``k1`` or ``k2`` is not an int.
+        ValueError: if ``k1`` or ``k2`` is not positive.
 
     Examples:
         >>> s = Schedule(k1=2, k2=5)

@@ -11,8 +11,8 @@ import torch
 from ignite.contrib.engines.tbptt import Tbptt_Events
 from ignite.engine import Engine, Events, _prepare_batch
 
+from . import distributed, rng
 from . import hidden as hs
-from . import rng
 from .checkpoint import restore, snapshot
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .events import COUNTERS, TBPTTEvents, register_tbptt_events
@@ -32,7 +32,9 @@ def default_model_fn(model: torch.nn.Module, x: torch.Tensor, hidden: Any) -> tu
 
 
 def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a positive int, got {type(value).__name__} {value!r}.")
+    if value < 1:
         raise ValueError(f"{name} must be a positive int, got {value!r}.")
     return value
 
@@ -100,6 +102,7 @@ class TBPTTStep:
     def reset_stream(self) -> None:
         """Forget the stream: position 0, no hidden state, no retained history, no open window."""
         self.position = 0
+        self.streams: int | None = None  # parallel streams (batch size) of a carried stream
         self.hidden: Any = None
         self.window: int | None = None  # first step of the open window
         self.window_loss: Any = 0.0
@@ -117,12 +120,15 @@ class TBPTTStep:
         engine.state.window_loss = None
         engine.state.window_targets = 0
         engine.state.targets_seen = 0
+        engine.state.step_targets = 0
         engine.state_dict_user_keys.append("targets_seen")
         engine.add_event_handler(Events.STARTED, self._started)
         engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self.end_epoch)
 
     def _started(self, engine: Engine) -> None:
+        if distributed.is_distributed():
+            distributed.broadcast_parameters(self.parameters())
         if engine.state.iteration == 0:
             for name in (*COUNTERS, "targets_seen"):
                 setattr(engine.state, name, 0)
@@ -284,24 +290,50 @@ class TBPTTStep:
     def _optimizer_step(self, engine: Engine) -> None:
         targets = self.group_targets
         self.reset_accumulation()
+        params = self.parameters()
+        if distributed.is_distributed():
+            targets = distributed.all_reduce_gradients(params, targets)
         if not targets:  # only padding: nothing to learn, and momentum or weight decay must not move
             return
         if self.history.segments:
             self.versions.freeze()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        grads = [p.grad for p in params if p.grad is not None]
         if grads:
             # Exact normalisation: the accumulated windows' summed per-target gradients over their target count.
             torch._foreach_div_(grads, targets)
+            if self.scaler is None:
+                self._check_finite(engine, grads)
+        engine.state.step_targets = targets
         engine.state.optimizer_step += 1
         engine.fire_event(TBPTTEvents.OPTIMIZER_STEP_STARTED)
         if self.scaler is not None:
+            scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
             self.scaler.update()
+            if self.scaler.get_scale() < scale:  # the scaler found inf/NaN and skipped the step
+                self._recover()
         else:
             self.optimizer.step()
         engine.fire_event(TBPTTEvents.OPTIMIZER_STEP_COMPLETED)
+
+    def _check_finite(self, engine: Engine, grads: list[torch.Tensor]) -> None:
+        # One host synchronisation per step, as GradScaler makes: never step into NaN weights.
+        if not torch.isfinite(torch.stack(torch._foreach_norm(grads))).all():
+            self.history.clear()
+            raise FloatingPointError(
+                f"non-finite gradients at optimizer step {engine.state.optimizer_step + 1} (window "
+                f"{engine.state.window}, iteration {engine.state.iteration}); the step was not taken and the "
+                "parameters are unchanged. Lower the learning rate, clip gradients (GradientClipping), or pass "
+                "scaler=True to skip such steps and go on."
+            )
+
+    def _recover(self) -> None:
+        """After a step skipped for inf/NaN: cut the history there, and restart a non-finite hidden state."""
+        self.history.clear()
+        if self.hidden is not None and not all(torch.isfinite(t).all() for t in hs.flatten(self.hidden)):
+            self.hidden = None
 
     def end_epoch(self, engine: Engine) -> None:
         """End the stream and apply the windows not yet applied; runs once per epoch, whatever calls it first."""
@@ -328,6 +360,15 @@ class TBPTTStep:
             )
         if x.shape[td] == 0 or x.numel() == 0:
             raise ValueError(f"empty batch: x has shape {tuple(x.shape)}; every batch needs at least one step.")
+        if self.carry_hidden and x.dim() > 1:
+            streams = x.shape[1 if td == 0 else 0]
+            if self.streams is not None and streams != self.streams:
+                raise ValueError(
+                    f"with carry_hidden=True the batches of an epoch are pieces of the same {self.streams} parallel "
+                    f"streams, but this batch has {streams}. Drop the last incomplete batch (stream_batches lays "
+                    "out equal columns), or use carry_hidden=False."
+                )
+            self.streams = streams
         return x.shape[td]
 
     def _check_output(self, output: Any, hidden_in: Any) -> tuple[Any, Any]:
@@ -515,17 +556,35 @@ def create_tbptt_trainer(
         deterministic: use ignite's ``DeterministicEngine``.
 
     Returns:
-        An ignite ``Engine``; ``engine.state.output`` after an iteration is ``output_transform``'s value.
+        A :class:`~ignite_tbptt.TBPTTEngine` (an ignite ``Engine``; :class:`~ignite_tbptt.DeterministicTBPTTEngine`
+        with ``deterministic=True``); ``engine.state.output`` after an iteration is ``output_transform``'s value.
         It fires :class:`~ignite_tbptt.TBPTTEvents` (counters ``engine.state.window`` and
-        ``engine.state.optimizer_step``, saved in ``engine.state_dict()``) and ignite's ``Tbptt_Events``.
+        ``engine.state.optimizer_step``, saved in ``engine.state_dict()``) and ignite's ``Tbptt_Events``; it
+        also keeps ``engine.state.targets_seen`` (targets processed in the run), ``window_targets`` (of the last
+        window) and ``step_targets`` (of the last optimizer step). Its ``state_dict()`` holds the stream, so
+        ignite's ``Checkpoint`` resumes it exactly (mid-epoch with ``deterministic=True``).
+
+    Distributed:
+        In an ``ignite.distributed`` group (``idist.Parallel``, any backend: gloo on CPUs, nccl on GPUs, one or
+        many nodes), give each process its shard of the batch (the same steps, its own streams) and an
+        unwrapped model: rank 0's parameters are broadcast when a run starts, and the accumulated gradients and
+        target counts are summed over processes once per optimizer step, which equals single-process training
+        on the whole batch. Do not wrap the model in ``DistributedDataParallel``: its reducer expects one
+        backward pass per forward pass (see :mod:`ignite_tbptt.distributed`).
 
     Raises:
-        TypeError: if ``model``, ``optimizer``, ``scaler``, ``time_dim``, ``autocast_dtype`` or a callable
-            argument has the wrong type; during a run, if ``prepare_batch`` does not return tensors or
-            ``model_fn`` does not return ``(y_pred, hidden)``.
-        ValueError: if ``k1``, ``k2`` or ``gradient_accumulation_steps`` is not a positive int, or ``optimizer``
-            holds none of ``model``'s parameters; during a run, if ``time_dim`` is out of range, ``x`` and ``y``
-            differ in length along it, a batch is empty, or the hidden state changes shape between segments.
+        TypeError: if ``model``, ``optimizer``, ``scaler``, ``autocast_dtype`` or a callable argument has the wrong
+            type, or ``k1``, ``k2``, ``time_dim`` or ``gradient_accumulation_steps`` is not an int. During a run,
+            if ``prepare_batch`` does not return tensors or ``model_fn`` does not return ``(y_pred, hidden)``.
+        ValueError: if ``k1``, ``k2`` or ``gradient_accumulation_steps`` is not positive, or ``optimizer`` holds
+            none of ``model``'s parameters. During a run, if ``time_dim`` is out of range, ``x`` and ``y`` differ
+            in length along it, a batch is empty, the hidden state changes shape between segments, or (with
+            ``carry_hidden=True``) a batch has another number of parallel streams than the epoch's first.
+            Batch errors are raised before the batch changes anything.
+        FloatingPointError: without a ``scaler``, when an optimizer step's gradients hold inf or NaN; the
+            step is not taken, so the parameters keep their last finite values. With a ``scaler`` such a step
+            is skipped and training goes on: the retained history is dropped (the next window reaches back
+            only to the skipped step) and a non-finite carried hidden state is restarted.
 
     Warns:
         UserWarning: if a scaler is combined with an ``autocast_dtype`` other than float16.

@@ -78,7 +78,10 @@ def test_reached_later_means_inside_the_next_windows_backward_pass(k1, k2, start
     assert s.reached_later(step, start) == (s.cut(next_start, next_start + k1) <= step)
 
 
-@pytest.mark.parametrize("k1,k2", [(0, 1), (1, 0), (-2, 3), (2.0, 3), (True, 2)])
-def test_non_positive_or_non_int_lengths_are_rejected(k1, k2):
-    with pytest.raises(ValueError, match="must be a positive int"):
+@pytest.mark.parametrize(
+    "k1,k2,error",
+    [(0, 1, ValueError), (1, 0, ValueError), (-2, 3, ValueError), (2.0, 3, TypeError), (True, 2, TypeError)],
+)
+def test_non_positive_or_non_int_lengths_are_rejected(k1, k2, error):
+    with pytest.raises(error, match="must be a positive int"):
         Schedule(k1, k2)

@@ -28,6 +28,7 @@ import sysconfig
 from collections import Counter
 from pathlib import Path
 
+import ignite.distributed as idist
 import torch
 from ignite.engine import Events
 from ignite.handlers import Checkpoint, DiskSaver, ProgressBar
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> dict:
     train = stream_batches(vocab.encode(train_text), args.batch_size, args.seq_len)
     valid = stream_batches(vocab.encode(valid_text), min(args.batch_size, 8), args.seq_len)
     unigram = vocab.unigram_bpc(valid_text)
-    print(
+    (print if idist.get_rank() == 0 else lambda *_, **__: None)(
         f"{len(train_text):,} training and {len(valid_text):,} validation characters, {len(vocab)} symbols; "
         f"unigram model: {unigram:.2f} bits/char; TBPTT(k1={args.k1}, k2={args.k2})",
         flush=True,
@@ -226,8 +227,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
 
     history: dict = {"unigram_bpc": unigram, "valid_bpc": [], "train_bpc": []}
-    progress = None if args.no_progress else ProgressBar(persist=True)
-    say = progress.log_message if progress is not None else print
+    rank0 = idist.get_rank() == 0  # in a multi-process run, only rank 0 reports
+    progress = ProgressBar(persist=True) if rank0 and not args.no_progress else None
+    say = progress.log_message if progress is not None else print if rank0 else lambda _: None
 
     @trainer.on(Events.EPOCH_COMPLETED)
     def validate(engine):
@@ -250,13 +252,18 @@ def main(argv: list[str] | None = None) -> dict:
         say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
 
     hparams = {name: getattr(args, name) for name in ("lr", "batch_size", "seq_len", "hidden", "embedding", "clip")}
-    tb_logger = attach_tensorboard(trainer, args.logdir, evaluators={"validation": evaluator}, hparams=hparams)
+    tb_logger = (
+        attach_tensorboard(trainer, args.logdir, evaluators={"validation": evaluator}, hparams=hparams)
+        if rank0
+        else None
+    )
     if progress is not None:
         progress.attach(trainer, output_transform=lambda loss: {"bits/char": loss / LN2})
     try:
         trainer.run(train, max_epochs=args.epochs)
     finally:
-        tb_logger.close()
+        if tb_logger is not None:
+            tb_logger.close()
     history["logdir"] = str(args.logdir)
     return history
 
