@@ -21,7 +21,7 @@ from .history import Replay, Segment
 if TYPE_CHECKING:
     from .trainer import TBPTTStep
 
-__all__ = ["snapshot", "restore"]
+__all__ = ["snapshot", "restore", "load_weights"]
 
 
 def _detached(tree: Any) -> Any:
@@ -44,7 +44,7 @@ def snapshot(step: TBPTTStep) -> dict[str, Any]:
                 "end": segment.end,
                 "x": replay.x,
                 "hidden": _detached(replay.hidden),
-                "hidden_requires_grad": any(t.requires_grad for t in segment.inputs),
+                "hidden_requires_grad": replay.hidden_grad,
                 "rng": replay.rng,
                 "version": next((i for i, v in enumerate(versions) if v is replay.version), None),
                 "y_grad": segment.y_grad,
@@ -105,25 +105,29 @@ def _rebuild(step: TBPTTStep, state: dict[str, Any]) -> None:
         if version != loaded:
             if loaded is not None:
                 step.versions.freeze()
-            _load_weights(params, state["weights"][version])
+            load_weights(params, state["weights"][version])
             loaded = version
-        hidden = saved["hidden"]
-        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, saved["hidden_requires_grad"])
+        hidden, needs_grad, x = saved["hidden"], saved["hidden_requires_grad"], saved["x"]
+        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, needs_grad)
         kept = step.versions is not None
-        x = saved["x"]
-        with rng.replayed(saved["rng"], x.device):
-            y_pred, hidden_out = step.forward(x, hidden_in, kept)
-        replay = Replay(x, hidden_in, saved["rng"], step.versions.current if kept else None)
-        owed = hs.flatten(y_pred) if saved["y_grad"] is not None else None
-        step.history.append(
-            Segment(saved["start"], saved["end"], inputs, hs.flatten(hidden_out), owed, saved["y_grad"], replay)
-        )
+        replay = Replay(x, hidden_in, saved["rng"], step.versions.current if kept else None, needs_grad)
+        if step.recompute is not None:  # recomputation mode rebuilds graphs in the backward sweep anyway
+            segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], replay)
+        else:
+            with rng.replayed(saved["rng"], x.device):
+                y_pred, hidden_out = step.forward(x, hidden_in, kept)
+            owed = hs.flatten(y_pred) if saved["y_grad"] is not None else None
+            segment = Segment(
+                saved["start"], saved["end"], inputs, hs.flatten(hidden_out), owed, saved["y_grad"], replay
+            )
+        step.history.append(segment)
     if loaded != state["current_weights"]:
         step.versions.freeze()
-        _load_weights(params, current)
+        load_weights(params, current)
 
 
 @torch.no_grad()
-def _load_weights(params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+def load_weights(params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    """Copy ``values`` into ``params`` in place (both in the optimizer's parameter order)."""
     for p, v in zip(params, values):
         p.copy_(v)

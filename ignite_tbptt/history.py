@@ -11,6 +11,8 @@ the cost of one traversal per segment and window: ``k2 / k1`` backward traversal
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,12 +34,14 @@ class Replay:
         hidden: the input hidden state (the leaves the segment ran from), or ``None`` at the stream's start.
         rng: the random state the forward pass started from.
         version: the weights it ran with (``None`` when no optimizer step can intervene, k2 <= k1).
+        hidden_grad: whether a backward pass may carry gradient into the input hidden state.
     """
 
     x: torch.Tensor
     hidden: Any
     rng: RNGState
     version: WeightVersion | None
+    hidden_grad: bool
 
 
 @dataclass(eq=False)
@@ -51,13 +55,14 @@ class Segment:
         outputs: tensors of the output hidden state, still attached to the segment's graph.
         y_pred: prediction tensors whose loss gradient is still owed (``None`` once paid).
         y_grad: the (possibly scaled) loss gradient for ``y_pred``, computed when the segment ran.
-        replay: how to recompute the segment (to rebuild the history after a checkpoint is loaded).
+        replay: how to recompute the segment (to rebuild the history after a checkpoint is loaded, or in
+            recomputation mode, where ``outputs`` is ``None`` until the backward sweep rebuilds the graph).
     """
 
     start: int
     end: int
     inputs: list[torch.Tensor]
-    outputs: list[torch.Tensor]
+    outputs: list[torch.Tensor] | None
     y_pred: list[torch.Tensor] | None = None
     y_grad: list[torch.Tensor | None] | None = None
     replay: Replay | None = None
@@ -92,10 +97,19 @@ class History:
 
     Args:
         schedule: the stream's windows and cuts.
+        rebuild: in recomputation mode, a context manager factory that rebuilds a segment's graph for the
+            duration of its backward pass (the ``with`` block), then frees it.
     """
 
     schedule: Schedule
+    rebuild: Callable[[Segment], AbstractContextManager] | None = None
     segments: list[Segment] = field(default_factory=list)
+
+    def _traverse(self, segment: Segment, hidden_grad: list | None, retain: bool) -> list[torch.Tensor | None]:
+        if segment.outputs is not None:
+            return segment.backward(hidden_grad, retain)
+        with self.rebuild(segment) if self.rebuild is not None else nullcontext():
+            return segment.backward(hidden_grad, retain=False)
 
     def append(self, segment: Segment) -> None:
         """Add the stream's newest segment."""
@@ -123,10 +137,10 @@ class History:
             if segment.start < cut:
                 if segment.start < start:
                     break
-                segment.backward(None, retain=False)
+                self._traverse(segment, None, retain=False)
                 continue
             retain = stream_continues and self.schedule.reached_later(segment.start, start)
-            reached = segment.backward(hidden_grad, retain)
+            reached = self._traverse(segment, hidden_grad, retain)
             hidden_grad = reached if segment.start > cut else None
         if stream_continues:
             self.segments = [s for s in self.segments if self.schedule.reached_later(s.start, start)]

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import torch
@@ -13,7 +13,7 @@ from ignite.engine import Engine, Events, _prepare_batch
 
 from . import distributed, rng
 from . import hidden as hs
-from .checkpoint import restore, snapshot
+from .checkpoint import load_weights, restore, snapshot
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .events import COUNTERS, TBPTTEvents, register_tbptt_events
 from .history import History, Replay, Segment
@@ -71,13 +71,15 @@ class TBPTTStep:
         model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]],
         output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None,
         target_count_fn: Callable[[Any, Any], int] | None,
+        recompute: int | None = None,
     ) -> None:
         self.model, self.optimizer, self.loss_fn, self.schedule = model, optimizer, loss_fn, schedule
         self.time_dim, self.carry_hidden = time_dim, carry_hidden
         self.accumulation, self.scaler, self.autocast = gradient_accumulation_steps, scaler, autocast
         self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
         self.model_fn, self.output_transform, self.target_count_fn = model_fn, output_transform, target_count_fn
-        self.history = History(schedule)
+        self.recompute = recompute
+        self.history = History(schedule, rebuild=self.rebuild if recompute is not None else None)
         # Only k2 > k1 keeps graphs alive across an optimizer step.
         self.versions = ParameterVersions(self.parameters) if schedule.k2 > schedule.k1 else None
         self._loaded: dict | None = None
@@ -92,6 +94,7 @@ class TBPTTStep:
             "carry_hidden": self.carry_hidden,
             "gradient_accumulation_steps": self.accumulation,
             "scaler": self.scaler is not None,
+            "recompute": self.recompute or 0,
         }
 
     def parameters(self) -> list[torch.Tensor]:
@@ -181,6 +184,8 @@ class TBPTTStep:
             if step == start:
                 self._start_window(engine, start)
             end = min(self.schedule.segment_end(step, stream_end), batch_end)
+            if self.recompute is not None:  # segments of at most `recompute` steps bound the rebuilt graph
+                end = min(end, step + self.recompute)
             window_end = self._known_window_end(start, batch_end, stream_end)
             x_seg = x.narrow(self.time_dim, step - offset, end - step)
             y_seg = y.narrow(self.time_dim, step - offset, end - step)
@@ -232,21 +237,26 @@ class TBPTTStep:
         # window cut short at the batch's end bounds it from below.
         lowest_cut = self.schedule.cut(start, window_end if window_end is not None else batch_end)
         own_loss_only = step < lowest_cut  # a step before a k2 < k1 cut
-        kept = self.versions is not None and end != stream_end and self.schedule.reached_later(step, start)
-        hidden_in, inputs = (None, []) if self.hidden is None else hs.as_leaves(self.hidden, step > lowest_cut)
+        # Recomputation mode runs the forward pass without a graph; the backward sweep rebuilds it.
+        deferred = self.recompute is not None and not own_loss_only
+        kept = not deferred and self.versions is not None and end != stream_end
+        kept = kept and self.schedule.reached_later(step, start)
+        needs_hidden_grad = step > lowest_cut
+        hidden_in, inputs = (None, []) if self.hidden is None else hs.as_leaves(self.hidden, needs_hidden_grad)
         replay = None
         if not own_loss_only:
             version = self.versions.current if self.versions is not None else None
-            replay = Replay(x, hidden_in, rng.capture(x.device), version)
+            replay = Replay(x, hidden_in, rng.capture(x.device), version, needs_hidden_grad)
 
-        y_pred, hidden_out = self.forward(x, hidden_in, kept)
+        with torch.no_grad() if deferred else nullcontext():
+            y_pred, hidden_out = self.forward(x, hidden_in, kept)
         n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
         if own_loss_only:
             y_owed, loss_input = None, y_pred
         else:
             # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
             # only the gradient of the predictions waits for the window's backward sweep.
-            y_owed = [t.detach().requires_grad_(t.requires_grad) for t in hs.flatten(y_pred)]
+            y_owed = [t.detach().requires_grad_(t.requires_grad or deferred) for t in hs.flatten(y_pred)]
             loss_input = hs.unflatten(y_pred, y_owed)
         loss: Any = 0.0
         if n:
@@ -255,15 +265,46 @@ class TBPTTStep:
             (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
             loss = weighted.detach()
         if not own_loss_only:
-            owed = hs.flatten(y_pred) if n else None
             y_grad = [t.grad for t in y_owed] if n else None
-            self.history.append(Segment(step, end, inputs, hs.flatten(hidden_out), owed, y_grad, replay))
+            if deferred:
+                segment = Segment(step, end, [], None, None, y_grad, replay)
+            else:
+                owed = hs.flatten(y_pred) if n else None
+                segment = Segment(step, end, inputs, hs.flatten(hidden_out), owed, y_grad, replay)
+            self.history.append(segment)
         self.hidden = hidden_out
         self.position = end
         self.window_loss = self.window_loss + loss
         self.window_targets += n
         self.group_targets += n
         return loss, n, hs.as_leaves(y_pred, False)[0] if self.output_transform is not None else None
+
+    @contextmanager
+    def rebuild(self, segment: Segment) -> Iterator[None]:
+        """Recompute ``segment``'s graph, with the weights and random state it first ran with, for one backward.
+
+        Used by the backward sweep in recomputation mode (Chen et al., 2016, "Training deep nets with
+        sublinear memory cost", arXiv:1604.06174, section 3; as ``torch.utils.checkpoint``, but with the
+        weights of the segment's own optimizer step). The graph is freed when the block ends.
+        """
+        replay = segment.replay
+        params = self.parameters()
+        old = replay.version is not None and replay.version.frozen
+        current = [p.detach().clone() for p in params] if old else None
+        if old:
+            load_weights(params, self.versions.values(replay.version))
+        hidden_in, inputs = (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_grad)
+        with rng.replayed(replay.rng, replay.x.device):
+            y_pred, hidden_out = self.forward(replay.x, hidden_in, kept=False)
+        segment.inputs, segment.outputs = inputs, hs.flatten(hidden_out)
+        if segment.y_grad is not None:
+            segment.y_pred = hs.flatten(y_pred)
+        try:
+            yield
+        finally:
+            segment.inputs, segment.outputs, segment.y_pred = [], None, None
+            if current is not None:
+                load_weights(params, current)
 
     # -- window and step boundaries ------------------------------------------------------------------------------
     def _start_window(self, engine: Engine, start: int) -> None:
@@ -405,6 +446,7 @@ def tbptt_training_step(
     model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
     output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None = None,
     target_count_fn: Callable[[Any, Any], int] | None = None,
+    recompute: int | None = None,
 ) -> TBPTTStep:
     """Factory of the TBPTT(k1, k2) process function; :func:`create_tbptt_trainer` documents the arguments.
 
@@ -425,6 +467,8 @@ def tbptt_training_step(
     if isinstance(time_dim, bool) or not isinstance(time_dim, int):
         raise TypeError(f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *)), got {time_dim!r}.")
     accumulation = _positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
+    if recompute is not None:
+        recompute = _positive_int("recompute", recompute)
     for name, fn in (
         ("prepare_batch", prepare_batch),
         ("model_fn", model_fn),
@@ -475,6 +519,7 @@ def tbptt_training_step(
         model_fn=model_fn,
         output_transform=output_transform,
         target_count_fn=target_count_fn,
+        recompute=recompute,
     )
 
 
@@ -496,6 +541,7 @@ def create_tbptt_trainer(
     model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
     output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None = None,
     target_count_fn: Callable[[Any, Any], int] | None = None,
+    recompute: int | None = None,
     deterministic: bool = False,
 ) -> Engine:
     """Create an ignite trainer that runs truncated backpropagation through time, TBPTT(k1, k2).
@@ -553,6 +599,12 @@ def create_tbptt_trainer(
             or ``ignore_index`` targets); default ``y.numel()``. A 0-dim tensor is accepted (converting it
             synchronises a GPU). Segments without targets contribute nothing; an optimizer step whose windows
             have none is skipped.
+        recompute: recomputation mode, to trade time for memory (Chen et al., 2016, arXiv:1604.06174): run
+            the model on segments of at most ``recompute`` steps without keeping their graphs, only their input
+            hidden state and random state, and recompute each segment's forward pass in the backward sweep,
+            with the weights it first ran with, just before backpropagating through it. The gradients are the
+            same (dropout included); activation memory is that of one segment instead of the retained
+            history, for one extra forward pass per backward traversal. Default ``None``: off.
         deterministic: use ignite's ``DeterministicEngine``.
 
     Returns:
@@ -576,10 +628,11 @@ def create_tbptt_trainer(
         TypeError: if ``model``, ``optimizer``, ``scaler``, ``autocast_dtype`` or a callable argument has the wrong
             type, or ``k1``, ``k2``, ``time_dim`` or ``gradient_accumulation_steps`` is not an int. During a run,
             if ``prepare_batch`` does not return tensors or ``model_fn`` does not return ``(y_pred, hidden)``.
-        ValueError: if ``k1``, ``k2`` or ``gradient_accumulation_steps`` is not positive, or ``optimizer`` holds
-            none of ``model``'s parameters. During a run, if ``time_dim`` is out of range, ``x`` and ``y`` differ
-            in length along it, a batch is empty, the hidden state changes shape between segments, or (with
-            ``carry_hidden=True``) a batch has another number of parallel streams than the epoch's first.
+        ValueError: if ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` is not positive, or
+            ``optimizer`` holds none of ``model``'s parameters. During a run, if ``time_dim`` is out of range,
+            ``x`` and ``y`` differ in length along it, a batch is empty, the hidden state changes shape between
+            segments, or (with ``carry_hidden=True``) a batch has another number of parallel streams than the
+            epoch's first.
             Batch errors are raised before the batch changes anything.
         FloatingPointError: without a ``scaler``, when an optimizer step's gradients hold inf or NaN; the
             step is not taken, so the parameters keep their last finite values. With a ``scaler`` such a step
@@ -628,6 +681,7 @@ def create_tbptt_trainer(
         model_fn=model_fn,
         output_transform=output_transform,
         target_count_fn=target_count_fn,
+        recompute=recompute,
     )
     engine = DeterministicTBPTTEngine(step) if deterministic else TBPTTEngine(step)
     if step.scaler is not None:

@@ -363,3 +363,40 @@ def test_in_place_parameter_change_under_retained_history_raises_a_clear_error()
 
     with pytest.raises(RuntimeError, match="modified in place"):
         trainer.run(make_batches([12]))
+
+
+@pytest.mark.parametrize("k1,k2,recompute", [(4, 4, 2), (3, 7, 2), (2, 8, 1), (6, 2, 3), (5, 5, 5)])
+@pytest.mark.parametrize("carry_hidden", [False, True], ids=["fresh", "carry"])
+def test_recomputation_mode_matches_the_reference(k1, k2, recompute, carry_hidden):
+    torch.manual_seed(0)
+    model = Net().double()
+    ref = copy.deepcopy(model)
+    batches = make_batches([7, 12, 5])
+    trainer = create_tbptt_trainer(
+        model,
+        sgd(model),
+        cross_entropy,
+        k1,
+        k2,
+        carry_hidden=carry_hidden,
+        gradient_accumulation_steps=2,
+        recompute=recompute,
+    )
+    trainer.run(batches, max_epochs=2)
+    reference_train(ref, sgd(ref), cross_entropy, batches, k1, k2, carry_hidden=carry_hidden, accumulation=2, epochs=2)
+    assert_same_parameters(model, ref)
+    assert all(s.outputs is None for s in trainer.tbptt.history.segments)  # no graph outlives the sweep
+
+
+@pytest.mark.parametrize("k1,k2", [(4, 4), (3, 6)])
+def test_recomputation_mode_replays_dropout(k1, k2):
+    # recompute = the natural segment length, so both modes draw the same dropout masks in the same order.
+    batches = make_batches([12, 12])
+    results = []
+    for recompute in (None, 3 if k1 == 3 else 4):
+        torch.manual_seed(0)
+        model = Net(dropout=0.4).double()
+        trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, k1, k2, carry_hidden=True, recompute=recompute)
+        trainer.run(batches, max_epochs=2)
+        results.append(model)
+    assert_same_parameters(results[0], results[1], atol=1e-12)
