@@ -20,7 +20,10 @@ class _StreamState:
     The entry is ``"tbptt"``: :meth:`TBPTTStep.state_dict`.
     """
 
-    tbptt: TBPTTStep
+    def __init__(self, step: TBPTTStep) -> None:
+        super().__init__(step)  # type: ignore[call-arg]
+        self.tbptt = step
+        step.attach(self)  # type: ignore[arg-type]
 
     def state_dict(self) -> OrderedDict:
         state = super().state_dict()  # type: ignore[misc]
@@ -40,11 +43,6 @@ class TBPTTEngine(_StreamState, Engine):
         step: the process function; reachable afterwards as ``engine.tbptt``.
     """
 
-    def __init__(self, step: TBPTTStep) -> None:
-        super().__init__(step)
-        self.tbptt = step
-        step.attach(self)
-
 
 class DeterministicTBPTTEngine(_StreamState, DeterministicEngine):
     """:class:`TBPTTEngine` on ignite's ``DeterministicEngine``: resumable mid-epoch with the same data.
@@ -52,8 +50,3 @@ class DeterministicTBPTTEngine(_StreamState, DeterministicEngine):
     Args:
         step: the process function; reachable afterwards as ``engine.tbptt``.
     """
-
-    def __init__(self, step: TBPTTStep) -> None:
-        super().__init__(step)
-        self.tbptt = step
-        step.attach(self)

@@ -562,7 +562,7 @@ def create_tbptt_trainer(
     per window for ``k1 = k2``, at most two for ``k2 > k1``. Each segment's loss is backpropagated to its
     predictions at once, and a window's backward pass traverses each retained segment once. Only the
     segments a later window reaches are retained (never more than ``k2`` steps), with the weights they were
-    computed with across optimizer steps; nothing is recomputed.
+    computed with across optimizer steps; nothing is recomputed unless ``recompute`` asks for it.
 
     Args:
         model: the recurrent model; called through ``model_fn`` and returning ``(y_pred, hidden)``, where

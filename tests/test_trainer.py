@@ -37,7 +37,18 @@ def assert_trained(model, initial):
 
 
 def compare_with_reference(
-    k1, k2, *, carry_hidden, accumulation=1, cell="lstm", time_dim=0, lengths=(7, 12, 5), epochs=2, net=Net, data=None
+    k1,
+    k2,
+    *,
+    carry_hidden,
+    accumulation=1,
+    cell="lstm",
+    time_dim=0,
+    lengths=(7, 12, 5),
+    epochs=2,
+    net=Net,
+    data=None,
+    **options,
 ):
     torch.manual_seed(0)
     model = net(cell, batch_first=time_dim == 1).double()
@@ -52,6 +63,7 @@ def compare_with_reference(
         time_dim=time_dim,
         carry_hidden=carry_hidden,
         gradient_accumulation_steps=accumulation,
+        **options,
     )
     trainer.run(batches if data is None else data(batches), max_epochs=epochs)
     reference_train(
@@ -68,6 +80,7 @@ def compare_with_reference(
     )
     assert_trained(ref, initial)
     assert_same_parameters(model, ref)
+    return trainer
 
 
 K_PAIRS = [(4, 4), (3, 7), (4, 6), (2, 8), (1, 3), (5, 2), (6, 1)]
@@ -368,23 +381,7 @@ def test_in_place_parameter_change_under_retained_history_raises_a_clear_error()
 @pytest.mark.parametrize("k1,k2,recompute", [(4, 4, 2), (3, 7, 2), (2, 8, 1), (6, 2, 3), (5, 5, 5)])
 @pytest.mark.parametrize("carry_hidden", [False, True], ids=["fresh", "carry"])
 def test_recomputation_mode_matches_the_reference(k1, k2, recompute, carry_hidden):
-    torch.manual_seed(0)
-    model = Net().double()
-    ref = copy.deepcopy(model)
-    batches = make_batches([7, 12, 5])
-    trainer = create_tbptt_trainer(
-        model,
-        sgd(model),
-        cross_entropy,
-        k1,
-        k2,
-        carry_hidden=carry_hidden,
-        gradient_accumulation_steps=2,
-        recompute=recompute,
-    )
-    trainer.run(batches, max_epochs=2)
-    reference_train(ref, sgd(ref), cross_entropy, batches, k1, k2, carry_hidden=carry_hidden, accumulation=2, epochs=2)
-    assert_same_parameters(model, ref)
+    trainer = compare_with_reference(k1, k2, carry_hidden=carry_hidden, accumulation=2, recompute=recompute)
     assert all(s.outputs is None for s in trainer.tbptt.history.segments)  # no graph outlives the sweep
 
 

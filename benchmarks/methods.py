@@ -1,0 +1,161 @@
+"""The training loops the benchmark compares, each on the same model, data and optimizer.
+
+Every function trains ``model`` in place on ``batches`` (``(x, y)`` of shape ``(T, B)``, each batch its own
+stream, as ignite's trainer treats it) and returns the seconds spent in forward and in backward + optimizer
+steps where it can tell them apart (the hand loop, for the compute limit).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from ignite.contrib.engines.tbptt import create_supervised_tbptt_trainer
+from torch import nn
+from torch.func import functional_call
+
+from ignite_tbptt import create_tbptt_trainer
+
+__all__ = ["CharModel", "loss_fn", "hand", "ignite", "chained", "recompute", "ours"]
+
+
+class CharModel(nn.Module):
+    """The char-LM shape: embedding 64, a recurrent layer of 256, read-out over the vocabulary."""
+
+    def __init__(self, cell: str = "lstm", vocab: int = 100, embedding: int = 64, hidden: int = 256) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, embedding)
+        self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell](embedding, hidden)
+        self.readout = nn.Linear(hidden, vocab)
+
+    def forward(self, x, hidden=None):
+        out, hidden = self.rnn(self.embedding(x), hidden)
+        return self.readout(out), hidden
+
+
+def loss_fn(y_pred, y):
+    return nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten())
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _detach(hidden):
+    return tuple(h.detach() for h in hidden) if isinstance(hidden, tuple) else hidden.detach()
+
+
+def hand(model, optimizer, batches, k1, k2, device):
+    """A hand-written fused loop: chunks of k1, detach, backward, step (k1 = k2 only)."""
+    assert k1 == k2
+    forward = backward = 0.0
+    for x, y in batches:
+        hidden = None
+        for xc, yc in zip(x.split(k1), y.split(k1)):
+            t0 = time.perf_counter()
+            y_pred, hidden = model(xc, hidden)
+            loss = loss_fn(y_pred, yc)
+            _sync(device)
+            t1 = time.perf_counter()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            hidden = _detach(hidden)
+            _sync(device)
+            forward, backward = forward + t1 - t0, backward + time.perf_counter() - t1
+    return forward, backward
+
+
+def ignite(model, optimizer, batches, k1, k2, device):
+    """ignite's ``create_supervised_tbptt_trainer`` (k1 = k2 only)."""
+    assert k1 == k2
+    create_supervised_tbptt_trainer(model, optimizer, loss_fn, tbtt_step=k1).run(batches)
+    _sync(device)
+
+
+def ours(model, optimizer, batches, k1, k2, device, recompute_steps=None):
+    """``create_tbptt_trainer``."""
+    trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1, k2, recompute=recompute_steps)
+    trainer.run(batches)
+    _sync(device)
+
+
+def chained(model, optimizer, batches, k1, k2, device):
+    """The per-step recipe: detach each step, chain backward through the last k2 states, made correct.
+
+    The well-known version backpropagates only the window's last loss and crashes once ``optimizer.step()``
+    changes weights a retained graph saved. Here every step's loss counts (its gradient joins the chain at
+    its own step) and each step runs on a differentiable clone of the weights taken after the last optimizer
+    step, so the retained graphs keep the weights they used.
+    """
+    params = dict(model.named_parameters())
+    for x, y in batches:
+        weights = {name: p.clone() for name, p in params.items()}
+        steps = []  # (state_in leaves, state_out, y_pred, y) of the last k2 steps
+        hidden = None
+        for t in range(x.shape[0]):
+            state_in = None if hidden is None else tuple(h.detach().requires_grad_() for h in _as_tuple(hidden))
+            args = (x[t : t + 1],) if state_in is None else (x[t : t + 1], _from_tuple(state_in, hidden))
+            y_pred, hidden = functional_call(model, weights, args)
+            steps.append((state_in, _as_tuple(hidden), y_pred, y[t : t + 1]))
+            del steps[: max(0, len(steps) - k2)]
+            end = t + 1
+            if end % k1 and end < x.shape[0]:
+                continue
+            start = end - (end - 1) % k1 - 1
+            optimizer.zero_grad()
+            state_grad = None
+            for i in range(len(steps) - 1, -1, -1):
+                state_in, state_out, y_pred, y_t = steps[i]
+                position = end - len(steps) + i
+                outputs, grads = [], []
+                if position >= start:
+                    outputs.append(loss_fn(y_pred, y_t) * y_t.numel() / ((end - start) * y_t.shape[1]))
+                    grads.append(torch.ones(()))
+                if state_grad is not None:
+                    outputs += list(state_out)
+                    grads += state_grad
+                torch.autograd.backward(outputs, grads, retain_graph=True)
+                if state_in is None:
+                    break
+                state_grad = [h.grad for h in state_in]
+                for h in state_in:
+                    h.grad = None
+            optimizer.step()
+            weights = {name: p.clone() for name, p in params.items()}
+    _sync(device)
+
+
+def _as_tuple(hidden):
+    return hidden if isinstance(hidden, tuple) else (hidden,)
+
+
+def _from_tuple(leaves, like):
+    return leaves if isinstance(like, tuple) else leaves[0]
+
+
+def recompute(model, optimizer, batches, k1, k2, device):
+    """Every k1 steps, rerun the last k2 steps from a stored state and backprop (no retained graph; k2 >= k1)."""
+    assert k2 >= k1
+    for x, y in batches:
+        states = {0: None}  # the hidden state entering a step some window starts its rerun from
+        for start in range(0, x.shape[0], k1):
+            end = min(start + k1, x.shape[0])
+            cut = max(0, start - (k2 - k1))
+            following = max(0, end - (k2 - k1))  # the next window's cut: split the rerun there to store it
+            if cut < following < end:
+                y_first, middle = model(x[cut:following], states[cut])
+                y_last, hidden = model(x[following:end], middle)
+                y_pred = torch.cat([y_first, y_last])
+                states[following] = _detach(middle)
+            else:
+                y_pred, hidden = model(x[cut:end], states[cut])
+            loss = loss_fn(y_pred[start - cut :], y[start:end])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            states[end] = _detach(hidden)
+            for old in [p for p in states if p < following]:
+                del states[old]
+    _sync(device)

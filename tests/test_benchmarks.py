@@ -1,0 +1,51 @@
+import json
+
+import pytest
+import torch
+
+from benchmarks import methods, run
+
+
+def tiny_batches(steps=24, length=12, batch=3):
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, 100, (steps + 1, batch), generator=g)
+    return [(tokens[i : i + length], tokens[i + 1 : i + 1 + length]) for i in range(0, steps, length)]
+
+
+def train(method, k1, k2, **kwargs):
+    torch.manual_seed(0)
+    model = methods.CharModel(hidden=8).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    method(model, optimizer, tiny_batches(), k1, k2, torch.device("cpu"), **kwargs)
+    return [p.detach() for p in model.parameters()]
+
+
+def assert_equal(a, b):
+    for p, q in zip(a, b):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("k1,k2", [(3, 7), (4, 6), (2, 5)])
+def test_the_corrected_chained_recipe_computes_what_ours_computes(k1, k2):
+    # The baseline is only a fair comparison if it does the same work correctly.
+    assert_equal(train(methods.chained, k1, k2), train(methods.ours, k1, k2))
+
+
+def test_the_hand_loop_and_ignite_compute_what_ours_computes_for_k1_equal_k2():
+    ours = train(methods.ours, 4, 4)
+    assert_equal(train(methods.hand, 4, 4), ours)
+    assert_equal(train(methods.ignite, 4, 4), ours)
+    assert_equal(train(methods.ours, 4, 4, recompute_steps=2), ours)
+
+
+def test_quick_benchmark_runs_every_contender_and_writes_its_table(tmp_path):
+    out, markdown = tmp_path / "results.json", tmp_path / "benchmarks.md"
+    run.main(["--quick", "--out", str(out), "--markdown", str(markdown)])
+    result = json.loads(out.read_text())
+    methods_seen = {(r["k1"] == r["k2"], r["method"]) for r in result["time"]}
+    assert {(True, "hand"), (True, "ignite"), (True, "ours"), (True, "compute limit")} <= methods_seen
+    assert {(False, "chained"), (False, "recompute"), (False, "ours"), (False, "compute limit")} <= methods_seen
+    assert all(r["tokens_per_second"] > 0 for r in result["time"])
+    assert [(r["steps"], r["recompute"]) for r in result["memory"]] == [(60, None), (240, None), (40, 5)]
+    assert all(r["saved_activations_mib"] > 0 for r in result["memory"])
+    assert "| lstm | 25 | 50 | chained |" in markdown.read_text()

@@ -1,0 +1,19 @@
+import subprocess
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def test_documentation_builds_without_warnings(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    api = (tmp_path / "api.html").read_text()
+    for name in ("create_tbptt_trainer", "create_tbptt_evaluator", "GradientClipping", "attach_tensorboard"):
+        assert f'id="ignite_tbptt.{name}"' in api
+    assert (tmp_path / "_images" / "schedule_k1-2_k2-5.png").is_file()
