@@ -239,19 +239,22 @@ class TBPTTStep:
         own_loss_only = step < lowest_cut  # a step before a k2 < k1 cut
         # Recomputation mode runs the forward pass without a graph; the backward sweep rebuilds it.
         deferred = self.recompute is not None and not own_loss_only
-        kept = not deferred and self.versions is not None and end != stream_end
-        kept = kept and self.schedule.reached_later(step, start)
+        reached_later = end != stream_end and self.schedule.reached_later(step, start)
+        kept = not deferred and self.versions is not None and reached_later
+        # A segment that closes its window and that no later window reaches is backpropagated whole at once, as a
+        # hand-written loop does: nothing of it outlives the window, so no loss gradient is owed or replay kept.
+        direct = own_loss_only or (not deferred and end == window_end and not reached_later)
         needs_hidden_grad = step > lowest_cut
         hidden_in, inputs = (None, []) if self.hidden is None else hs.as_leaves(self.hidden, needs_hidden_grad)
         replay = None
-        if not own_loss_only:
+        if not direct:
             version = self.versions.current if self.versions is not None else None
             replay = Replay(x, hidden_in, rng.capture(x.device), version, needs_hidden_grad)
 
         with torch.no_grad() if deferred else nullcontext():
             y_pred, hidden_out = self.forward(x, hidden_in, kept)
         n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
-        if own_loss_only:
+        if direct:
             y_owed, loss_input = None, y_pred
         else:
             # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
@@ -264,7 +267,10 @@ class TBPTTStep:
                 weighted = self.loss_fn(loss_input, y) * n
             (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
             loss = weighted.detach()
-        if not own_loss_only:
+        if direct and not own_loss_only:
+            # Its input leaves hold the gradient for the window's earlier segments, which the sweep carries on.
+            self.history.append(Segment(step, end, inputs, []))
+        elif not direct:
             y_grad = [t.grad for t in y_owed] if n else None
             if deferred:
                 segment = Segment(step, end, [], None, None, y_grad, replay)
