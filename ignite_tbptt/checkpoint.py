@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from . import hidden as hs
-from . import rng
 from .history import Replay, Segment
 
 if TYPE_CHECKING:
@@ -107,15 +106,13 @@ def _rebuild(step: TBPTTStep, state: dict[str, Any]) -> None:
                 step.versions.freeze()
             load_weights(params, state["weights"][version])
             loaded = version
-        hidden, needs_grad, x = saved["hidden"], saved["hidden_requires_grad"], saved["x"]
-        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, needs_grad)
         kept = step.versions is not None
-        replay = Replay(x, hidden_in, saved["rng"], step.versions.current if kept else None, needs_grad)
+        version = step.versions.current if kept else None
+        replay = Replay(saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"])
         if step.recompute is not None:  # recomputation mode rebuilds graphs in the backward sweep anyway
             segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], replay)
         else:
-            with rng.replayed(saved["rng"], x.device):
-                y_pred, hidden_out = step.forward(x, hidden_in, kept)
+            inputs, y_pred, hidden_out = step.replay(replay, kept)
             owed = hs.flatten(y_pred) if saved["y_grad"] is not None else None
             segment = Segment(
                 saved["start"], saved["end"], inputs, hs.flatten(hidden_out), owed, saved["y_grad"], replay

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -11,7 +10,7 @@ from ignite.engine import Engine, Events, _prepare_batch
 from ignite.metrics import Metric
 
 from . import hidden as hs
-from .trainer import default_model_fn
+from .trainer import _positive_int, autocast_for, default_model_fn, device_type_of
 
 __all__ = ["create_tbptt_evaluator"]
 
@@ -56,7 +55,8 @@ def create_tbptt_evaluator(
         An ignite ``Engine``.
 
     Raises:
-        ValueError: if ``segment_length`` is not a positive int.
+        TypeError: if ``segment_length`` is not an int.
+        ValueError: if ``segment_length`` is not positive.
 
     Examples:
         >>> import torch
@@ -69,14 +69,9 @@ def create_tbptt_evaluator(
         >>> list(state.metrics)
         ['bits']
     """
-    if segment_length is not None and (isinstance(segment_length, bool) or not isinstance(segment_length, int)):
-        raise ValueError(f"segment_length must be a positive int or None, got {segment_length!r}.")
-    if segment_length is not None and segment_length < 1:
-        raise ValueError(f"segment_length must be a positive int or None, got {segment_length!r}.")
-    if device is not None:
-        device_type = torch.device(device).type
-    else:
-        device_type = next((p.device.type for p in model.parameters()), "cpu")
+    if segment_length is not None:
+        _positive_int("segment_length", segment_length)
+    autocast = autocast_for(device_type_of(model, device), autocast_dtype)
     stream: dict[str, Any] = {"hidden": None}
 
     @torch.no_grad()
@@ -87,8 +82,7 @@ def create_tbptt_evaluator(
         length = x.shape[time_dim]
         size = segment_length or length
         y_preds = []
-        autocast = torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
-        with autocast:
+        with autocast():
             for start in range(0, length, size):
                 y_pred, hidden = model_fn(model, x.narrow(time_dim, start, min(size, length - start)), hidden)
                 y_preds.append(y_pred)

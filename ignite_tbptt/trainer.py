@@ -39,6 +39,22 @@ def _positive_int(name: str, value: Any) -> int:
     return value
 
 
+def device_type_of(model: torch.nn.Module, device: str | torch.device | None) -> str:
+    """The device type batches go to: ``device``'s, else that of the model's parameters (``"cpu"`` if none)."""
+    if device is not None:
+        return torch.device(device).type
+    return next((p.device.type for p in model.parameters()), "cpu")
+
+
+def autocast_for(device_type: str, dtype: torch.dtype | None) -> Callable[[], AbstractContextManager]:
+    """A factory of ``torch.autocast`` contexts for ``dtype``, or of null contexts when ``dtype`` is None."""
+
+    def autocast() -> AbstractContextManager:
+        return torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
+
+    return autocast
+
+
 def _callable(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable, got {type(value).__name__}.")
@@ -285,6 +301,17 @@ class TBPTTStep:
         self.group_targets += n
         return loss, n, hs.as_leaves(y_pred, False)[0] if self.output_transform is not None else None
 
+    def replay(self, replay: Replay, kept: bool) -> tuple[list[torch.Tensor], Any, Any]:
+        """Run a segment's forward pass again from ``replay``, with the weights the model holds now.
+
+        Returns:
+            The new input hidden-state leaves, the predictions and the output hidden state.
+        """
+        hidden_in, inputs = (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_grad)
+        with rng.replayed(replay.rng, replay.x.device):
+            y_pred, hidden_out = self.forward(replay.x, hidden_in, kept)
+        return inputs, y_pred, hidden_out
+
     @contextmanager
     def rebuild(self, segment: Segment) -> Iterator[None]:
         """Recompute ``segment``'s graph, with the weights and random state it first ran with, for one backward.
@@ -299,9 +326,7 @@ class TBPTTStep:
         current = [p.detach().clone() for p in params] if old else None
         if old:
             load_weights(params, self.versions.values(replay.version))
-        hidden_in, inputs = (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_grad)
-        with rng.replayed(replay.rng, replay.x.device):
-            y_pred, hidden_out = self.forward(replay.x, hidden_in, kept=False)
+        inputs, y_pred, hidden_out = self.replay(replay, kept=False)
         segment.inputs, segment.outputs = inputs, hs.flatten(hidden_out)
         if segment.y_grad is not None:
             segment.y_pred = hs.flatten(y_pred)
@@ -489,10 +514,7 @@ def tbptt_training_step(
     if not any(id(p) in model_params for group in optimizer.param_groups for p in group["params"]):
         raise ValueError("optimizer holds none of model's parameters; build it from model.parameters().")
 
-    if device is not None:
-        device_type = torch.device(device).type
-    else:
-        device_type = next((p.device.type for p in model.parameters()), "cpu")
+    device_type = device_type_of(model, device)
     if scaler is True:
         scaler = torch.amp.GradScaler(device_type)
     elif scaler is False or scaler is None:
@@ -506,9 +528,6 @@ def tbptt_training_step(
             stacklevel=3,
         )
 
-    def autocast() -> AbstractContextManager:
-        return torch.autocast(device_type, dtype=autocast_dtype) if autocast_dtype is not None else nullcontext()
-
     return TBPTTStep(
         model,
         optimizer,
@@ -518,7 +537,7 @@ def tbptt_training_step(
         carry_hidden=bool(carry_hidden),
         gradient_accumulation_steps=accumulation,
         scaler=scaler,
-        autocast=autocast,
+        autocast=autocast_for(device_type, autocast_dtype),
         device=device,
         non_blocking=non_blocking,
         prepare_batch=prepare_batch,
