@@ -55,30 +55,24 @@ class WeightVersion:
 
 
 class _SavedParameter:
-    __slots__ = ("version", "tensor", "saved", "at_freeze", "__weakref__")
+    __slots__ = ("version", "tensor", "saved", "at_freeze", "frozen", "__weakref__")
 
     def __init__(self, version: WeightVersion, tensor: torch.Tensor) -> None:
         self.version, self.tensor, self.saved, self.at_freeze = version, tensor, tensor._version, None
+        self.frozen: torch.Tensor | None = None  # the view into the copy, made on the first unpack after freezing
         version.records.add(self)
 
     def unpack(self) -> torch.Tensor:
         v, t = self.version, self.tensor
-        now = t._version if v.copies is None else self.at_freeze
-        if now != self.saved:
-            raise RuntimeError(_MODIFIED.format(saved=self.saved, now=now))
-        return t if v.copies is None else _view(v.copies[_key(t)], t)
-
-
-class _SavedTensor:
-    __slots__ = ("tensor", "saved")
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor, self.saved = tensor, tensor._version
-
-    def unpack(self) -> torch.Tensor:
-        if self.tensor._version != self.saved:
-            raise RuntimeError(_MODIFIED.format(saved=self.saved, now=self.tensor._version))
-        return self.tensor
+        if v.copies is None:
+            if t._version != self.saved:
+                raise RuntimeError(_MODIFIED.format(saved=self.saved, now=t._version))
+            return t
+        if self.frozen is None:  # a retained segment is unpacked once per window that reaches it
+            if self.at_freeze != self.saved:
+                raise RuntimeError(_MODIFIED.format(saved=self.saved, now=self.at_freeze))
+            self.frozen = _view(v.copies[_key(t)], t)
+        return self.frozen
 
 
 class ParameterVersions:
@@ -131,14 +125,19 @@ class ParameterVersions:
             return [p.detach() for p in params]
         return [_view(version.copies[_key(p)], p) if p.numel() else p.detach() for p in params]
 
-    def _pack(self, tensor: torch.Tensor) -> _SavedParameter | _SavedTensor:
+    def _pack(self, tensor: torch.Tensor) -> _SavedParameter | tuple[torch.Tensor, int]:
         # detach(): the record must not hold the tensor's grad_fn, or an output saved by its own node forms a
         # reference cycle through C++ that Python's collector cannot break. The alias shares the version counter.
         alias = tensor.detach()
         if _key(tensor) in self._storages:
             return _SavedParameter(self.current, alias)
-        return _SavedTensor(alias)
+        return alias, alias._version  # a plain tuple: activations are most of what is saved
 
 
-def _unpack(saved: _SavedParameter | _SavedTensor) -> torch.Tensor:
+def _unpack(saved: _SavedParameter | tuple[torch.Tensor, int]) -> torch.Tensor:
+    if type(saved) is tuple:
+        tensor, version = saved
+        if tensor._version != version:
+            raise RuntimeError(_MODIFIED.format(saved=version, now=tensor._version))
+        return tensor
     return saved.unpack()
