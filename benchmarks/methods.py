@@ -1,8 +1,8 @@
 """The training loops the benchmark compares, each on the same model, data and optimizer.
 
 Every function trains ``model`` in place on ``batches`` (``(x, y)`` of shape ``(T, B)``, each batch its own
-stream, as ignite's trainer treats it) and returns the seconds spent in forward and in backward + optimizer
-steps where it can tell them apart (the hand loop, for the compute limit).
+stream, as ignite's trainer treats it). The hand loop also returns the seconds it spent in forward passes
+(loss included), backward passes and optimizer steps, from which the benchmark builds the compute limit.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from torch.func import functional_call
 
 from ignite_tbptt import create_tbptt_trainer
 
-__all__ = ["CharModel", "loss_fn", "hand", "ignite", "chained", "recompute", "ours"]
+__all__ = ["CharModel", "loss_fn", "hand", "segmented", "ignite", "chained", "recompute", "ours"]
 
 
 class CharModel(nn.Module):
@@ -49,7 +49,7 @@ def _detach(hidden):
 def hand(model, optimizer, batches, k1, k2, device):
     """A hand-written fused loop: chunks of k1, detach, backward, step (k1 = k2 only)."""
     assert k1 == k2
-    forward = backward = 0.0
+    forward = backward = step = 0.0
     for x, y in batches:
         hidden = None
         for xc, yc in zip(x.split(k1), y.split(k1)):
@@ -60,11 +60,61 @@ def hand(model, optimizer, batches, k1, k2, device):
             t1 = time.perf_counter()
             optimizer.zero_grad()
             loss.backward()
+            _sync(device)
+            t2 = time.perf_counter()
             optimizer.step()
             hidden = _detach(hidden)
             _sync(device)
-            forward, backward = forward + t1 - t0, backward + time.perf_counter() - t1
-    return forward, backward
+            t3 = time.perf_counter()
+            forward, backward, step = forward + t1 - t0, backward + t2 - t1, step + t3 - t2
+    return forward, backward, step
+
+
+def segmented(model, optimizer, batches, k1, k2, device):
+    """The hand loop made exact for k2 >= k1: fused calls, split only where a later window's cut falls.
+
+    What a careful hand-written loop must do to compute TBPTT(k1, k2) exactly with fused calls. The steps
+    between two window ends or cuts are one model call from leaf copies of its input state. Each window
+    backpropagates its losses through its own pieces and the retained ones back to its cut, one backward
+    call per piece, keeping the graphs of the pieces the next window reaches. Each window runs on a
+    differentiable clone of the weights taken after the last optimizer step, so that the retained graphs
+    keep the weights they ran with. It is ``create_tbptt_trainer``'s work with no engine, events or checks,
+    and the backend's cost of a call is paid as often: the reference for what exactness costs.
+    """
+    assert k2 >= k1
+    params = dict(model.named_parameters())
+    split = (k2 - k1) % k1  # cuts repeat every k1 steps, this far before a window's end
+    for x, y in batches:
+        length, hidden = x.shape[0], None
+        pieces = []  # [start, input state leaves, output state, owed loss] of the retained model calls
+        for start in range(0, length, k1):
+            end = min(start + k1, length)
+            weights = {name: p.clone() for name, p in params.items()}
+            inner = start + k1 - split
+            bounds = [start, inner, end] if split and inner < end else [start, end]
+            for a, b in zip(bounds, bounds[1:]):
+                state_in = None if hidden is None else tuple(h.detach().requires_grad_() for h in _as_tuple(hidden))
+                args = (x[a:b],) if state_in is None else (x[a:b], _from_tuple(state_in, hidden))
+                y_pred, hidden = functional_call(model, weights, args)
+                pieces.append([a, state_in, _as_tuple(hidden), loss_fn(y_pred, y[a:b]) * ((b - a) / (end - start))])
+            cut, next_cut = max(0, start - (k2 - k1)), end - (k2 - k1)
+            optimizer.zero_grad()
+            state_grad = None
+            for piece in reversed(pieces):
+                a, state_in, state_out, loss = piece
+                outputs, grads = ([loss], [torch.ones_like(loss)]) if loss is not None else ([], [])
+                if state_grad is not None:
+                    outputs, grads = outputs + list(state_out), grads + state_grad
+                torch.autograd.backward(outputs, grads, retain_graph=end < length and a >= next_cut)
+                piece[3] = None
+                if a == cut:
+                    break
+                state_grad = [h.grad for h in state_in]
+                for h in state_in:
+                    h.grad = None
+            optimizer.step()
+            pieces = [piece for piece in pieces if piece[0] >= next_cut]
+    _sync(device)
 
 
 def ignite(model, optimizer, batches, k1, k2, device):
@@ -112,7 +162,7 @@ def chained(model, optimizer, batches, k1, k2, device):
                 outputs, grads = [], []
                 if position >= start:
                     outputs.append(loss_fn(y_pred, y_t) * y_t.numel() / ((end - start) * y_t.shape[1]))
-                    grads.append(torch.ones(()))
+                    grads.append(torch.ones_like(outputs[0]))
                 if state_grad is not None:
                     outputs += list(state_out)
                     grads += state_grad

@@ -25,10 +25,11 @@ def assert_equal(a, b):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("k1,k2", [(3, 7), (4, 6), (2, 5)])
-def test_the_corrected_chained_recipe_computes_what_ours_computes(k1, k2):
-    # The baseline is only a fair comparison if it does the same work correctly.
-    assert_equal(train(methods.chained, k1, k2), train(methods.ours, k1, k2))
+@pytest.mark.parametrize("k1,k2", [(3, 7), (4, 6), (2, 5), (4, 4)])
+@pytest.mark.parametrize("method", [methods.chained, methods.segmented])
+def test_the_exact_baselines_compute_what_ours_computes(method, k1, k2):
+    # A baseline is only a fair comparison if it does the same work correctly.
+    assert_equal(train(method, k1, k2), train(methods.ours, k1, k2))
 
 
 def test_the_hand_loop_and_ignite_compute_what_ours_computes_for_k1_equal_k2():
@@ -45,6 +46,7 @@ def test_quick_benchmark_runs_every_contender_and_writes_its_table(tmp_path):
     methods_seen = {(r["k1"] == r["k2"], r["method"]) for r in result["time"]}
     assert {(True, "hand"), (True, "ignite"), (True, "ours"), (True, "compute limit")} <= methods_seen
     assert {(False, "chained"), (False, "recompute"), (False, "ours"), (False, "compute limit")} <= methods_seen
+    assert {(False, "hand, exact segments"), (True, "compute limit, recompute")} <= methods_seen
     assert all(r["tokens_per_second"] > 0 for r in result["time"])
     assert [(r["steps"], r["recompute"]) for r in result["memory"]] == [(60, None), (240, None), (40, 5)]
     assert all(r["saved_activations_mib"] > 0 for r in result["memory"])
