@@ -81,6 +81,36 @@ def segmented(model, optimizer, batches, k1, k2, device):
     keep the weights they ran with. It is ``create_tbptt_trainer``'s work with no engine, events or checks,
     and the backend's cost of a call is paid as often: the reference for what exactness costs.
     """
+    _exact(model, optimizer, batches, k1, k2, device, per_step=False)
+
+
+def ignite(model, optimizer, batches, k1, k2, device):
+    """ignite's ``create_supervised_tbptt_trainer`` (k1 = k2 only)."""
+    assert k1 == k2
+    create_supervised_tbptt_trainer(model, optimizer, loss_fn, tbtt_step=k1).run(batches)
+    _sync(device)
+
+
+def ours(model, optimizer, batches, k1, k2, device, recompute_steps=None):
+    """``create_tbptt_trainer``."""
+    trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1, k2, recompute=recompute_steps)
+    trainer.run(batches)
+    _sync(device)
+
+
+def chained(model, optimizer, batches, k1, k2, device):
+    """The per-step recipe: detach each step, chain backward through the last k2 states, made correct.
+
+    The well-known version backpropagates only the window's last loss and crashes once ``optimizer.step()``
+    changes weights a retained graph saved. Here every step's loss counts (its gradient joins the chain at
+    its own step) and each window runs on a differentiable clone of the weights taken after the last
+    optimizer step, so the retained graphs keep the weights they used: :func:`segmented` with every step
+    its own model call.
+    """
+    _exact(model, optimizer, batches, k1, k2, device, per_step=True)
+
+
+def _exact(model, optimizer, batches, k1, k2, device, per_step):
     assert k2 >= k1
     params = dict(model.named_parameters())
     split = (k2 - k1) % k1  # cuts repeat every k1 steps, this far before a window's end
@@ -90,8 +120,11 @@ def segmented(model, optimizer, batches, k1, k2, device):
         for start in range(0, length, k1):
             end = min(start + k1, length)
             weights = {name: p.clone() for name, p in params.items()}
-            inner = start + k1 - split
-            bounds = [start, inner, end] if split and inner < end else [start, end]
+            if per_step:
+                bounds = list(range(start, end + 1))
+            else:
+                inner = start + k1 - split
+                bounds = [start, inner, end] if split and inner < end else [start, end]
             for a, b in zip(bounds, bounds[1:]):
                 state_in = None if hidden is None else tuple(h.detach().requires_grad_() for h in _as_tuple(hidden))
                 args = (x[a:b],) if state_in is None else (x[a:b], _from_tuple(state_in, hidden))
@@ -114,66 +147,6 @@ def segmented(model, optimizer, batches, k1, k2, device):
                     h.grad = None
             optimizer.step()
             pieces = [piece for piece in pieces if piece[0] >= next_cut]
-    _sync(device)
-
-
-def ignite(model, optimizer, batches, k1, k2, device):
-    """ignite's ``create_supervised_tbptt_trainer`` (k1 = k2 only)."""
-    assert k1 == k2
-    create_supervised_tbptt_trainer(model, optimizer, loss_fn, tbtt_step=k1).run(batches)
-    _sync(device)
-
-
-def ours(model, optimizer, batches, k1, k2, device, recompute_steps=None):
-    """``create_tbptt_trainer``."""
-    trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1, k2, recompute=recompute_steps)
-    trainer.run(batches)
-    _sync(device)
-
-
-def chained(model, optimizer, batches, k1, k2, device):
-    """The per-step recipe: detach each step, chain backward through the last k2 states, made correct.
-
-    The well-known version backpropagates only the window's last loss and crashes once ``optimizer.step()``
-    changes weights a retained graph saved. Here every step's loss counts (its gradient joins the chain at
-    its own step) and each step runs on a differentiable clone of the weights taken after the last optimizer
-    step, so the retained graphs keep the weights they used.
-    """
-    params = dict(model.named_parameters())
-    for x, y in batches:
-        weights = {name: p.clone() for name, p in params.items()}
-        steps = []  # (state_in leaves, state_out, y_pred, y) of the last k2 steps
-        hidden = None
-        for t in range(x.shape[0]):
-            state_in = None if hidden is None else tuple(h.detach().requires_grad_() for h in _as_tuple(hidden))
-            args = (x[t : t + 1],) if state_in is None else (x[t : t + 1], _from_tuple(state_in, hidden))
-            y_pred, hidden = functional_call(model, weights, args)
-            steps.append((state_in, _as_tuple(hidden), y_pred, y[t : t + 1]))
-            del steps[: max(0, len(steps) - k2)]
-            end = t + 1
-            if end % k1 and end < x.shape[0]:
-                continue
-            start = end - (end - 1) % k1 - 1
-            optimizer.zero_grad()
-            state_grad = None
-            for i in range(len(steps) - 1, -1, -1):
-                state_in, state_out, y_pred, y_t = steps[i]
-                position = end - len(steps) + i
-                outputs, grads = [], []
-                if position >= start:
-                    outputs.append(loss_fn(y_pred, y_t) * y_t.numel() / ((end - start) * y_t.shape[1]))
-                    grads.append(torch.ones_like(outputs[0]))
-                if state_grad is not None:
-                    outputs += list(state_out)
-                    grads += state_grad
-                torch.autograd.backward(outputs, grads, retain_graph=True)
-                if state_in is None:
-                    break
-                state_grad = [h.grad for h in state_in]
-                for h in state_in:
-                    h.grad = None
-            optimizer.step()
-            weights = {name: p.clone() for name, p in params.items()}
     _sync(device)
 
 
