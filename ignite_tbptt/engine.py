@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from ignite.engine import DeterministicEngine, Engine
 
 if TYPE_CHECKING:
-    from .trainer import TBPTTStep
+    from .loop import TBPTTStep
 
 __all__ = ["TBPTTEngine", "DeterministicTBPTTEngine"]
 

@@ -10,7 +10,8 @@ from ignite.engine import Engine, Events, _prepare_batch
 from ignite.metrics import Metric
 
 from . import hidden as hs
-from .trainer import _positive_int, autocast_for, default_model_fn, device_type_of
+from .checks import positive_int
+from .forward import autocast_for, default_model_fn, device_type_of
 
 __all__ = ["create_tbptt_evaluator"]
 
@@ -70,7 +71,7 @@ def create_tbptt_evaluator(
         ['bits']
     """
     if segment_length is not None:
-        _positive_int("segment_length", segment_length)
+        positive_int("segment_length", segment_length, "steps per model call")
     autocast = autocast_for(device_type_of(model, device), autocast_dtype)
     stream: dict[str, Any] = {"hidden": None}
 

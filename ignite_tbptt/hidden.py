@@ -1,4 +1,4 @@
-"""Hidden states as nested tuples, lists, dicts and namedtuples of tensors.
+"""Hidden states and predictions as trees (tuples, lists, dicts, namedtuples) of tensors, via ``torch.utils._pytree``.
 
 A segment's input hidden state is a fresh leaf, detached from the segment before it, so that each
 segment's graph ends at its own boundary; the backward sweep carries gradients across boundaries by hand.
@@ -9,22 +9,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from ignite.utils import apply_to_tensor
+from torch.utils import _pytree as pytree
 
 __all__ = ["flatten", "unflatten", "as_leaves", "signature", "cat"]
 
 
 def flatten(tree: Any) -> list[torch.Tensor]:
     """Tensors of ``tree`` in a fixed traversal order (the order ``unflatten`` fills them back)."""
-    leaves: list[torch.Tensor] = []
-    apply_to_tensor(tree, leaves.append)
-    return leaves
+    return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
-def unflatten(tree: Any, leaves: list[torch.Tensor]) -> Any:
-    """A copy of ``tree``'s nesting with its tensors replaced, in order, by ``leaves``."""
-    it = iter(leaves)
-    return apply_to_tensor(tree, lambda _: next(it))
+def unflatten(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """A copy of ``tree``'s nesting with its tensors replaced, in order, by ``tensors``."""
+    it = iter(tensors)
+    return pytree.tree_map_only(torch.Tensor, lambda _: next(it), tree)
 
 
 def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
@@ -38,18 +36,17 @@ def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
         t = t.detach()
         return t.requires_grad_() if requires_grad and (t.is_floating_point() or t.is_complex()) else t
 
-    new = apply_to_tensor(tree, leaf)
+    new = pytree.tree_map_only(torch.Tensor, leaf, tree)
     return new, flatten(new)
 
 
 def signature(tree: Any) -> Any:
     """Nesting, shapes and dtypes of ``tree``; equal signatures mean interchangeable hidden states."""
-    return apply_to_tensor(tree, lambda t: (tuple(t.shape), t.dtype))
+    return pytree.tree_map_only(torch.Tensor, lambda t: (tuple(t.shape), t.dtype), tree)
 
 
 def cat(parts: list[Any], dim: int) -> Any:
     """Join same-structured ``parts`` (e.g. the predictions of consecutive segments) along ``dim``."""
     if len(parts) == 1:
         return parts[0]
-    leaves = [flatten(p) for p in parts]
-    return unflatten(parts[0], [torch.cat(ts, dim=dim) for ts in zip(*leaves)])
+    return unflatten(parts[0], [torch.cat(ts, dim=dim) for ts in zip(*(flatten(p) for p in parts))])

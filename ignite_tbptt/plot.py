@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch, Rectangle
+from typing import TYPE_CHECKING
 
+from .checks import positive_int
 from .schedule import Schedule
+
+if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the package
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
 __all__ = ["plot_schedule"]
 
@@ -34,15 +36,19 @@ def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Fig
         ``"losses-w"`` and ``"own-w-t"`` for window ``w`` (from 0) and step ``t``.
 
     Raises:
-        ValueError: if ``k1``, ``k2`` or ``n_steps`` is not a positive int.
+        TypeError: if ``k1``, ``k2`` or ``n_steps`` is not an int.
+        ValueError: if ``k1``, ``k2`` or ``n_steps`` is not positive.
 
     Examples:
         >>> fig = plot_schedule(k1=2, k2=5, n_steps=10)
         >>> fig.savefig("schedule.png")  # doctest: +SKIP
     """
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
+
     schedule = Schedule(k1, k2)
-    if isinstance(n_steps, bool) or not isinstance(n_steps, int) or n_steps < 1:
-        raise ValueError(f"n_steps must be a positive int, got {n_steps!r}.")
+    positive_int("n_steps", n_steps, "steps of the stream")
     starts = list(range(0, n_steps, k1))
     own_figure = ax is None
     if ax is None:

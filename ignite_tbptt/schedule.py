@@ -1,8 +1,14 @@
-"""Window and cut arithmetic of TBPTT(k1, k2), free of torch.
+"""Windows and cuts of TBPTT(k1, k2), free of torch.
 
 Positions count steps from the start of the stream (0-based). A window is the half-open range of steps
 ``[start, end)`` between two backward passes; its cut is the step whose *input* hidden state the window's
 backward pass treats as a constant, so gradient flows through the steps ``[cut, end)``.
+
+A :class:`WindowSource` decides where each window of a stream ends and where its cut lies; the trainer's loop
+asks it, window after window, and never computes a window itself. :class:`Schedule` is the fixed TBPTT(k1, k2)
+source. Every source keeps three rules, on which the retained history relies: windows tile the stream, a
+window's cut lies at or after the stream's start and before the window's end, and cuts never move backwards
+from one window to the next.
 
 Sources: Williams & Peng (1990), "An efficient gradient-based algorithm for on-line training of recurrent
 network trajectories", Neural Computation 2(4), the BPTT(h; h') algorithm; Sutskever (2013), "Training
@@ -12,22 +18,108 @@ for k2 timesteps"). The exact contract lives in the project's SPEC.md.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Schedule"]
+from .checks import positive_int
 
-
-def _check_length(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a positive int (a number of time steps), got {type(value).__name__}.")
-    if value < 1:
-        raise ValueError(f"{name} must be a positive int (a number of time steps), got {value!r}.")
-    return value
+__all__ = ["Window", "WindowSource", "Schedule"]
 
 
 @dataclass(frozen=True)
-class Schedule:
-    """Where TBPTT(k1, k2) puts its windows and cuts along one stream.
+class Window:
+    """One window of a stream as its source plans it.
+
+    Attributes:
+        start: first step of the window.
+        end: end (exclusive) of the window if the stream lasts that long; a stream that ends earlier ends the
+            window with it, and :meth:`WindowSource.cut` then gives the cut of the shorter window.
+        cut: first step the window's backward pass reaches, ``0 <= cut < end``.
+    """
+
+    start: int
+    end: int
+    cut: int
+
+
+class WindowSource(ABC):
+    """Where the windows of a stream end and where their cuts lie.
+
+    The trainer asks :meth:`window` for the window that starts where the last one ended, and may ask for
+    windows further ahead (as far as the retained history reaches); a source that draws at random must
+    therefore give the same window for the same ``start`` until :meth:`reset`. Cuts must never move
+    backwards: the cut of a later window is at or after the cut of an earlier one, which is what lets the
+    trainer drop the segments that the next window does not reach.
+    """
+
+    @abstractmethod
+    def window(self, start: int) -> Window:
+        """The window that starts at ``start`` (the previous window's end), in a stream that outlasts it."""
+
+    @abstractmethod
+    def cut(self, start: int, end: int) -> int:
+        """Cut of the window ``[start, end)``, also when the stream's end cuts the planned window short."""
+
+    @property
+    def spans_windows(self) -> bool:
+        """Whether a backward pass may reach into earlier windows, so that graphs outlive optimizer steps."""
+        return True
+
+    def reset(self) -> None:
+        """A new stream starts (at step 0); sources with per-stream state forget it here."""
+        return None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The source's state, for resuming mid-stream; stateless sources return ``{}``."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state."""
+        return None
+
+    def hparams(self) -> dict[str, Any]:
+        """The source's hyper-parameters, for logging."""
+        return {}
+
+    def boundary(self, window: Window, step: int, stream_end: int | None = None) -> int:
+        """End (exclusive) of the longest run of steps from ``step`` that one model call may cover.
+
+        No end and no cut of any window falls strictly inside ``[step, segment_end)``: the window's end, the
+        cut of each later window that reaches into this one (so that a later backward pass starts at a
+        segment's input), and, for steps before this window's own cut (k2 < k1), the next step, since each
+        such step's loss must not reach the step before it. While the stream's end is unknown, the cut of the
+        full window is used, which covers any earlier cut a shorter last window could have.
+
+        Args:
+            window: the window that holds ``step``.
+            step: first step of the segment.
+            stream_end: length of the stream, or ``None`` while unknown.
+        """
+        end = window.end if stream_end is None else min(window.end, stream_end)
+        if step < self.cut(window.start, end):
+            return step + 1
+        if stream_end is not None and end == stream_end:
+            return end  # no later window
+        later = window
+        while True:  # cuts never move backwards, so the first cut at or past `end` ends the search
+            later = self.window(later.end)
+            if later.cut >= end:
+                return end
+            if later.cut > step:
+                return later.cut
+
+    def reaches_back(self, window: Window, step: int) -> bool:
+        """Whether a later window's backward pass reaches back to ``step`` of ``window``.
+
+        Only the next window needs asking: if it does not reach ``step``, no later one does.
+        """
+        return self.window(window.end).cut <= step
+
+
+@dataclass(frozen=True)
+class Schedule(WindowSource):
+    """The windows and cuts of TBPTT(k1, k2): a window every ``k1`` steps, reaching ``k2`` steps back.
 
     A window ends after every ``k1`` steps of the stream and at the end of the stream, so the last window
     may be shorter. For ``k2 >= k1`` the cut lies ``k2 - k1`` steps before the window's first step (a full
@@ -47,6 +139,8 @@ class Schedule:
         >>> s = Schedule(k1=2, k2=5)
         >>> [(start, s.cut(start, start + 2)) for start in (0, 2, 4, 6)]
         [(0, 0), (2, 0), (4, 1), (6, 3)]
+        >>> s.window(6)
+        Window(start=6, end=8, cut=3)
         >>> Schedule(k1=5, k2=2).cut(0, 5)
         3
     """
@@ -55,8 +149,24 @@ class Schedule:
     k2: int
 
     def __post_init__(self) -> None:
-        _check_length("k1", self.k1)
-        _check_length("k2", self.k2)
+        positive_int("k1", self.k1, "a number of time steps")
+        positive_int("k2", self.k2, "a number of time steps")
+
+    def window(self, start: int) -> Window:
+        """The full window that starts at ``start``: ``[start, start + k1)`` and its cut."""
+        end = start + self.k1
+        return Window(start, end, self.cut(start, end))
+
+    def cut(self, start: int, end: int) -> int:
+        """Cut of the window ``[start, end)``: the first step its backward pass reaches."""
+        if self.k2 >= self.k1:
+            return max(0, start - (self.k2 - self.k1))
+        return max(start, end - self.k2)
+
+    @property
+    def spans_windows(self) -> bool:
+        """Only k2 > k1 reaches into earlier windows."""
+        return self.k2 > self.k1
 
     def window_start(self, step: int) -> int:
         """First step of the window that contains ``step``."""
@@ -67,37 +177,18 @@ class Schedule:
         end = start + self.k1
         return end if stream_end is None else min(end, stream_end)
 
-    def cut(self, start: int, end: int) -> int:
-        """Cut of the window ``[start, end)``: the first step its backward pass reaches."""
-        if self.k2 >= self.k1:
-            return max(0, start - (self.k2 - self.k1))
-        return max(start, end - self.k2)
-
     def segment_end(self, step: int, stream_end: int | None = None) -> int:
-        """End (exclusive) of the longest run of steps from ``step`` that one model call may cover.
+        """:meth:`WindowSource.boundary` of ``step`` in its window: at most two segments per window for k2 >= k1.
 
-        No window end and no cut of any window falls strictly inside ``[step, segment_end)``. For
-        ``k2 >= k1`` that leaves at most two segments per window (cuts repeat every ``k1`` steps, so they
-        share one offset inside every window). For ``k2 < k1`` each step before the cut is its own segment,
-        since its loss must not reach the step before it; while the stream's end is unknown, that is every
-        step before the cut of a full window, which covers any earlier cut a shorter last window could have.
-
-        Args:
-            step: first step of the segment.
-            stream_end: length of the stream, or ``None`` while unknown.
+        Cuts repeat every ``k1`` steps, so they share one offset inside every window; for ``k2 < k1`` each step
+        before the cut is a segment of its own.
         """
-        start = self.window_start(step)
-        end = self.window_end(start, stream_end)
-        if self.k2 >= self.k1:
-            offset = (self.k2 - self.k1) % self.k1
-            later_cut = start + self.k1 - offset
-            return later_cut if offset and step < later_cut < end else end
-        return step + 1 if step < self.cut(start, end) else end
+        return self.boundary(self.window(self.window_start(step)), step, stream_end)
 
     def reached_later(self, step: int, start: int) -> bool:
-        """Whether the window after the one starting at ``start`` reaches back to ``step``.
+        """Whether the window after the one starting at ``start`` reaches back to ``step`` (only if k2 > k1)."""
+        return self.reaches_back(self.window(start), step)
 
-        If it does not, no later window does: cuts only move forward. Only ``k2 > k1`` reaches back into
-        earlier windows.
-        """
-        return self.k2 > self.k1 and step >= self.cut(start + self.k1, start + 2 * self.k1)
+    def hparams(self) -> dict[str, Any]:
+        """``{"k1": k1, "k2": k2}``."""
+        return {"k1": self.k1, "k2": self.k2}

@@ -9,17 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ignite.engine import Engine, Events
+from ignite.engine import Engine, EventEnum, Events
 from ignite.handlers import TensorboardLogger, global_step_from_engine
+from ignite.handlers.tensorboard_logger import OptimizerParamsHandler
 
+from .checks import positive_int
 from .clipping import gradient_norm
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .events import TBPTTEvents
-from .plot import plot_schedule
 
 __all__ = ["attach_tensorboard"]
 
-_TRAIN_ATTRIBUTES = ["window_loss", "grad_norm", "lr", "loss_scale", "targets_per_second", "peak_memory_mib"]
+_TRAIN_ATTRIBUTES = ["window_loss", "grad_norm", "loss_scale", "targets_per_second", "peak_memory_mib"]
+
+
+class _TokensLogged(EventEnum):
+    """Fired where the training curves are logged, counted in targets: the x axis of ``OptimizerParamsHandler``."""
+
+    TRAIN = "tbptt_train_logged_by_tokens"
 
 
 def _peak_memory_mib(device: torch.device) -> float | None:
@@ -42,10 +49,8 @@ class _Telemetry:
         params = trainer.tbptt.parameters()
         self.device = params[0].device if params else torch.device("cpu")
         self.scaler = trainer.tbptt.scaler
-        self.optimizer = trainer.tbptt.optimizer
         state = trainer.state
         state.grad_norm = torch.tensor(float("nan"))
-        state.lr = {}
         state.loss_scale = float("nan")
         state.targets_per_second = float("nan")
         state.peak_memory_mib = float("nan")
@@ -58,7 +63,6 @@ class _Telemetry:
         state = engine.state
         state.targets_per_second = (seen - self.last_targets) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_targets = now, seen
-        state.lr = {f"group_{i}": float(group["lr"]) for i, group in enumerate(self.optimizer.param_groups)}
         if self.scaler is not None:
             state.loss_scale = self.scaler.get_scale()
         peak = _peak_memory_mib(self.device)
@@ -81,7 +85,7 @@ def attach_tensorboard(
 
     - ``window_loss``: the window's mean per-target loss (nats for cross-entropy);
     - ``grad_norm``: total 2-norm of the last optimizer step's gradients, before clipping (after unscaling);
-    - ``lr/group_i``: each parameter group's learning rate;
+    - ``lr/group_i``: each parameter group's learning rate (ignite's ``OptimizerParamsHandler``);
     - ``loss_scale``: the ``GradScaler``'s scale, when the trainer has one;
     - ``targets_per_second``: targets (tokens) processed per second of wall-clock time since the last log;
     - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
@@ -105,14 +109,14 @@ def attach_tensorboard(
 
     Raises:
         TypeError: if ``trainer`` does not come from ``create_tbptt_trainer``.
+        TypeError: if ``every`` is not an int.
         ValueError: if ``x_axis`` is neither ``"windows"`` nor ``"tokens"``, or ``every`` is not positive.
     """
     if not hasattr(trainer, "tbptt"):
         raise TypeError("trainer must be an engine returned by create_tbptt_trainer.")
     if x_axis not in ("windows", "tokens"):
         raise ValueError(f'x_axis must be "windows" or "tokens", got {x_axis!r}.')
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise ValueError(f"every must be a positive int, got {every!r}.")
+    positive_int("every", every, "windows between logs")
     tb = logger if isinstance(logger, TensorboardLogger) else TensorboardLogger(log_dir=str(logger))
     if x_axis == "windows":
         step = global_step_from_engine(trainer, TBPTTEvents.WINDOW_COMPLETED)
@@ -131,11 +135,21 @@ def attach_tensorboard(
     tb.attach_output_handler(
         trainer, window_event, tag="train", state_attributes=attributes, global_step_transform=step
     )
+    lr_event: Any = window_event
+    if x_axis == "tokens":
+        trainer.register_events(*_TokensLogged, event_to_attr={_TokensLogged.TRAIN: "targets_seen"})
+        trainer.add_event_handler(window_event, lambda engine: engine.fire_event(_TokensLogged.TRAIN))
+        lr_event = _TokensLogged.TRAIN
+    tb.attach(trainer, OptimizerParamsHandler(trainer.tbptt.optimizer, tag="train"), lr_event)
     for name, evaluator in (evaluators or {}).items():
         tb.attach_output_handler(evaluator, Events.COMPLETED, tag=name, metric_names="all", global_step_transform=step)
 
-    k1, k2 = trainer.tbptt.schedule.k1, trainer.tbptt.schedule.k2
     values = {**trainer.tbptt.hparams(), **(hparams or {})}
     tb.writer.add_hparams(values, {}, run_name=".")  # "." keeps them in the run's own directory
-    tb.writer.add_figure("schedule", plot_schedule(k1, k2, n_steps=min(4 * k1 + k2, 12 * k1)))
+    windows = trainer.tbptt.source.hparams()
+    if "k1" in windows and "k2" in windows:
+        from .plot import plot_schedule  # imports matplotlib
+
+        k1, k2 = windows["k1"], windows["k2"]
+        tb.writer.add_figure("schedule", plot_schedule(k1, k2, n_steps=min(4 * k1 + k2, 12 * k1)))
     return tb

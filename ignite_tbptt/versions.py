@@ -12,6 +12,17 @@ Saved parameters are matched by *storage*, not identity, because graphs often sa
 saves ``weight.t()``; cuDNN's RNN saves its flat weight buffer). And since hooks switch off autograd's own
 version check, every saved tensor carries its version and is checked again on unpacking, so an in-place
 change nobody announced still raises instead of giving silently wrong gradients.
+
+Why not ``torch.autograd.graph.allow_mutation_on_saved_tensors``, which clones a saved tensor when it is
+mutated: its context must enclose the forward pass, the mutation and the backward pass, and it clears its
+state on exit, so it would have to stay open for the whole run, around every handler of the engine. While
+open, a ``TorchDispatchMode`` intercepts every operation of the process (the optimizer's included), it
+cannot be nested, and it clones on *any* in-place change of a saved tensor, so a model bug that changes an
+activation in place would silently get the old value instead of an error. Here the copy is made once per
+optimizer step, only of parameters, and only while retained history exists.
+
+The hooks run inside the model's forward pass; under ``torch.compile`` they are marked for Dynamo not to
+trace (:mod:`ignite_tbptt.compiled`).
 """
 
 from __future__ import annotations
@@ -22,6 +33,8 @@ from contextlib import AbstractContextManager
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
+
+from .compiled import compiling_possible, not_traced
 
 __all__ = ["WeightVersion", "ParameterVersions"]
 
@@ -101,11 +114,16 @@ class ParameterVersions:
         self._parameters = parameters
         self._storages: set[int] = set()
         self.current = WeightVersion()
+        self._untraced: tuple[Callable, Callable] | None = None
 
     def hooks(self) -> AbstractContextManager:
         """Context manager under which the forward pass of retained steps runs."""
         self._storages = {_key(p) for p in self._parameters() if p.numel()}
-        return saved_tensors_hooks(self._pack, _unpack)
+        if not compiling_possible():
+            return saved_tensors_hooks(self._pack, _unpack)
+        if self._untraced is None:
+            self._untraced = not_traced(self._pack), not_traced(_unpack)
+        return saved_tensors_hooks(*self._untraced)
 
     def freeze(self) -> None:
         """Copy the parameters for the graphs computed since the last call; call it right before the step."""

@@ -40,7 +40,8 @@ def cross_entropy(y_pred, y):
     return nn.functional.cross_entropy(y_pred.reshape(-1, y_pred.shape[-1]), y.reshape(-1))
 
 
-def cut_of(k1: int, k2: int, start: int, end: int) -> int:
+def spec_cut(k1: int, k2: int, start: int, end: int) -> int:
+    """SPEC.md's cut, written out again: k2 >= k1 reaches k2 - k1 before the start, k2 < k1 k2 before the end."""
     if k2 >= k1:
         return max(0, start - (k2 - k1))
     return max(start, end - k2)
@@ -96,7 +97,7 @@ def reference_train(
                 end = t + 1
                 if end - start < k1 and end < length:
                     continue
-                cut = cut_of(k1, k2, start, end)
+                cut = spec_cut(k1, k2, start, end)
                 for u in range(start, end):
                     first = cut if u >= cut else u
                     copies = [

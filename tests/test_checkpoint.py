@@ -2,10 +2,11 @@ import pytest
 import torch
 from ignite.engine import Events
 from ignite.handlers import Checkpoint, DiskSaver
-from reference import Net, cross_entropy
-from test_trainer import make_batches
 
 from ignite_tbptt import create_tbptt_trainer
+
+from .helpers import make_batches
+from .reference import Net, cross_entropy
 
 DROPOUT = 0.3  # dropout makes the rebuilt history depend on replaying the random state
 

@@ -2,10 +2,11 @@ import copy
 
 import pytest
 import torch
-from reference import Net, cross_entropy
-from test_trainer import assert_same_parameters, make_batches
 
 from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
+
+from .helpers import assert_same_parameters, make_batches
+from .reference import Net, cross_entropy
 
 
 def hand_written(model, batches, k1, accumulation, clip, epochs):

@@ -1,12 +1,11 @@
-import socket
-
 import ignite.distributed as idist
 import torch
-from reference import Net, cross_entropy
-from test_trainer import assert_same_parameters, make_batches
 
 import ignite_tbptt.distributed
 from ignite_tbptt import create_tbptt_trainer
+
+from .helpers import assert_same_parameters, make_batches
+from .reference import Net, cross_entropy
 
 K1, K2, ACCUMULATION, EPOCHS = 3, 7, 2, 2
 BATCHES = make_batches([7, 12, 5], batch=4)
@@ -40,15 +39,9 @@ def train_shard(local_rank, path):
         torch.save({"params": [p.detach() for p in model.parameters()], "calls": calls}, path)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_two_processes_on_shards_equal_one_process_on_the_whole_batch(tmp_path):
+def test_two_processes_on_shards_equal_one_process_on_the_whole_batch(tmp_path, free_port):
     path = tmp_path / "rank0.pt"
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port()) as p:
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
         p.run(train_shard, path)
     result = torch.load(path)
 

@@ -3,10 +3,11 @@ import math
 import pytest
 import torch
 from ignite.metrics import Loss
-from reference import Net, cross_entropy
-from test_trainer import make_batches
 
 from ignite_tbptt import BitsPerTarget, Perplexity, create_tbptt_evaluator
+
+from .helpers import make_batches
+from .reference import Net, cross_entropy
 
 
 @pytest.mark.parametrize("segment_length", [None, 5])

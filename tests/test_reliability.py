@@ -7,15 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ignite.engine import Events
-from reference import Net, cross_entropy
-from test_trainer import NoLength, make_batches
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 
-
-def sgd(model):
-    return torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.5)
-
+from .helpers import NoLength, RecordingNet, make_batches, sgd
+from .reference import Net, cross_entropy, spec_cut
 
 # -- bad input --------------------------------------------------------------------------------------------------
 
@@ -137,18 +133,6 @@ def test_with_a_scaler_a_nan_step_is_skipped_and_training_recovers():
     assert not torch.equal(snapshots[-1][0][0], snapshots[5][0][0])  # later steps were applied
 
 
-class RecordingNet(Net):
-    def __init__(self):
-        super().__init__()
-        self.fresh_calls, self.position = [], 0
-
-    def forward(self, x, hidden=None):
-        if hidden is None:
-            self.fresh_calls.append(self.position)
-        self.position += x.shape[0]
-        return super().forward(x, hidden)
-
-
 # -- long runs --------------------------------------------------------------------------------------------------
 
 
@@ -211,11 +195,6 @@ class Accumulator(torch.nn.Module):
     def forward(self, x, hidden=None):
         h = torch.cumsum(x, 0) + (0 if hidden is None else hidden)
         return self.w * h, h[-1]
-
-
-def spec_cut(k1, k2, start, end):
-    # SPEC.md, "cut", written out again: k2 >= k1 reaches k2 - k1 before the start, k2 < k1 k2 before the end.
-    return max(0, start - (k2 - k1)) if k2 >= k1 else max(start, end - k2)
 
 
 @settings(max_examples=60, deadline=None)

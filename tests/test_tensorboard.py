@@ -1,5 +1,4 @@
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -8,10 +7,8 @@ import urllib.request
 import pytest
 import torch
 from ignite.engine import Events
-from reference import Net, cross_entropy
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from test_trainer import make_batches
 
 from ignite_tbptt import (
     BitsPerTarget,
@@ -20,6 +17,9 @@ from ignite_tbptt import (
     create_tbptt_evaluator,
     create_tbptt_trainer,
 )
+
+from .helpers import make_batches
+from .reference import Net, cross_entropy
 
 
 def train_with_logging(log_dir, x_axis="windows", scaler=False):
@@ -91,15 +91,9 @@ def test_tokens_on_the_x_axis(tmp_path):
     assert [e.step for e in events.Scalars("validation/bpc")] == [60, 120] == [60, trainer.state.targets_seen]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_a_real_tensorboard_server_serves_the_curves(tmp_path):
+def test_a_real_tensorboard_server_serves_the_curves(tmp_path, free_port):
     train_with_logging(tmp_path)
-    port = free_port()
+    port = free_port
     server = subprocess.Popen(
         [sys.executable, "-m", "tensorboard.main", "--logdir", str(tmp_path), "--host", "127.0.0.1"]
         + ["--port", str(port), "--load_fast=false"],

@@ -5,36 +5,12 @@ import pytest
 import torch
 from ignite.contrib.engines.tbptt import Tbptt_Events, create_supervised_tbptt_trainer
 from ignite.engine import Events
-from reference import DictNet, Net, cross_entropy, reference_train
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.versions import ParameterVersions
 
-
-def make_batches(lengths, batch=3, n_in=3, n_out=4, time_dim=0, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    batches = []
-    for length in lengths:
-        x = torch.randn(length, batch, n_in, generator=g, dtype=torch.float64)
-        y = torch.randint(0, n_out, (length, batch), generator=g)
-        if time_dim == 1:
-            x, y = x.transpose(0, 1).contiguous(), y.t().contiguous()
-        batches.append((x, y))
-    return batches
-
-
-def sgd(model, lr=0.5):
-    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
-
-
-def assert_same_parameters(a, b, atol=1e-9):
-    for (name, p), q in zip(a.named_parameters(), b.parameters()):
-        torch.testing.assert_close(p, q, rtol=0, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
-
-
-def assert_trained(model, initial):
-    moved = max((p - q).abs().max().item() for p, q in zip(model.parameters(), initial.parameters()))
-    assert moved > 1e-2, "training did not change the parameters, so the comparison proves nothing"
+from .helpers import NoLength, RecordingNet, assert_same_parameters, assert_trained, make_batches, sgd
+from .reference import DictNet, Net, cross_entropy, reference_train
 
 
 def compare_with_reference(
@@ -110,16 +86,6 @@ def test_dict_hidden_state_matches_reference():
     compare_with_reference(3, 5, carry_hidden=True, net=DictNet)
 
 
-class NoLength:
-    """Re-iterable data without ``__len__``: the first epoch's length is unknown until it ends."""
-
-    def __init__(self, batches):
-        self.batches = batches
-
-    def __iter__(self):
-        return iter(self.batches)
-
-
 @pytest.mark.parametrize("k1,k2", [(3, 7), (5, 2), (4, 4)])
 def test_unknown_epoch_length_matches_reference(k1, k2):
     # 7 + 12 + 5 = 24 steps: the last window is short, and is only known to end when the data runs out.
@@ -141,16 +107,6 @@ def test_cutting_the_stream_into_other_batches_gives_the_same_parameters():
         results.append(model)
     assert_same_parameters(results[0], results[1], atol=1e-12)
     assert_same_parameters(results[0], results[2], atol=1e-12)
-
-
-class RecordingNet(Net):
-    def __init__(self):
-        super().__init__()
-        self.calls = []
-
-    def forward(self, x, hidden=None):
-        self.calls.append((x.shape[0], hidden is None))
-        return super().forward(x, hidden)
 
 
 def test_drop_in_for_ignite_create_supervised_tbptt_trainer():

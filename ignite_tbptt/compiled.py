@@ -1,0 +1,61 @@
+"""What a model compiled with ``torch.compile`` needs from the trainer, scoped to the trainer's own calls.
+
+Two things break exact TBPTT with k2 > k1 under ``torch.compile`` and are handled here:
+
+- **Donated buffers.** AOTAutograd lets a compiled backward reuse the memory of the tensors its forward saved
+  ("donated buffers", ``torch._functorch.config.donated_buffer``), which is only valid if the graph is
+  backpropagated once. A retained segment is backpropagated by every window that reaches it (``retain_graph``),
+  so torch refuses: "This backward function was compiled with non-empty donated buffers which requires
+  create_graph=False and retain_graph=False". :func:`retainable` switches donation off while the trainer
+  runs a model call (where the graph is compiled) and a retaining backward call (where torch checks it), and
+  restores the setting after each, so the rest of the process keeps torch's default.
+- **Python hooks inside a compiled region.** The saved-tensor hooks of :mod:`ignite_tbptt.versions` run from
+  inside the model's forward pass. Where Dynamo falls back to eager code (a graph break, e.g. around
+  ``nn.GRU``), its frame evaluation would trace the hooks as new frames and recompile them for every
+  parameter storage until its recompile limit. :func:`not_traced` marks them for Dynamo to skip.
+
+Neither is needed while ``torch._dynamo`` is not imported (nothing can be compiled then), so both are skipped.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import TypeVar
+
+__all__ = ["compiling_possible", "retainable", "not_traced"]
+
+F = TypeVar("F", bound=Callable)
+
+
+def compiling_possible() -> bool:
+    """Whether ``torch.compile`` may be in use: ``torch._dynamo`` has been imported."""
+    return "torch._dynamo" in sys.modules
+
+
+def retainable() -> AbstractContextManager:
+    """Context in which compiled graphs get no donated buffers, so they may be backpropagated more than once."""
+    return _without_donated_buffers() if compiling_possible() else nullcontext()
+
+
+@contextmanager
+def _without_donated_buffers() -> Iterator[None]:
+    # Set and restored by hand: the config's own patch() grows a context-variable map with every use.
+    import torch._functorch.config as config
+
+    saved = config.donated_buffer
+    config.donated_buffer = False
+    try:
+        yield
+    finally:
+        config.donated_buffer = saved
+
+
+def not_traced(fn: F) -> F:
+    """``fn`` marked for Dynamo to run as it is, never to trace (``torch.compiler.disable``)."""
+    if not compiling_possible():
+        return fn
+    import torch.compiler
+
+    return torch.compiler.disable(fn)

@@ -1,0 +1,84 @@
+"""One call of the model on a segment: ``model_fn`` under autocast, with the weight hooks where asked."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import torch
+
+from . import hidden as hs
+from .compiled import retainable
+from .versions import ParameterVersions
+
+__all__ = ["ModelCall", "default_model_fn", "autocast_for", "device_type_of"]
+
+
+def default_model_fn(model: torch.nn.Module, x: torch.Tensor, hidden: Any) -> tuple[Any, Any]:
+    """Call ``model`` the way ignite's ``create_supervised_tbptt_trainer`` does.
+
+    ``model(x)`` for the first segment of a stream (``hidden`` is ``None``), ``model(x, hidden)`` after it.
+    """
+    return model(x) if hidden is None else model(x, hidden)
+
+
+def device_type_of(model: torch.nn.Module, device: str | torch.device | None) -> str:
+    """The device type batches go to: ``device``'s, else that of the model's parameters (``"cpu"`` if none)."""
+    if device is not None:
+        return torch.device(device).type
+    return next((p.device.type for p in model.parameters()), "cpu")
+
+
+def autocast_for(device_type: str, dtype: torch.dtype | None) -> Callable[[], AbstractContextManager]:
+    """A factory of ``torch.autocast`` contexts for ``dtype``, or of null contexts when ``dtype`` is None."""
+
+    def autocast() -> AbstractContextManager:
+        return torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
+
+    return autocast
+
+
+class ModelCall:
+    """Runs ``model_fn(model, x, hidden)`` for the trainer and checks that it returned ``(y_pred, hidden)``.
+
+    Args:
+        model: the model.
+        model_fn: ``model_fn(model, x, hidden) -> (y_pred, hidden)``.
+        autocast: a factory of the autocast context the model and the loss run under.
+        versions: the weight versions of a trainer whose graphs outlive optimizer steps (k2 > k1), else
+            ``None``; their graphs are also kept free of compiled donated buffers (:mod:`ignite_tbptt.compiled`).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]],
+        autocast: Callable[[], AbstractContextManager],
+        versions: ParameterVersions | None,
+    ) -> None:
+        self.model, self.model_fn, self.autocast, self.versions = model, model_fn, autocast, versions
+
+    def __call__(self, x: torch.Tensor, hidden: Any, keep_weights: bool = False) -> tuple[Any, Any]:
+        """One model call; ``keep_weights`` runs it under the hooks that keep its weights across optimizer steps.
+
+        Raises:
+            TypeError: if ``model_fn`` does not return a pair.
+            ValueError: if the hidden state changed structure or shape.
+        """
+        hooks = self.versions.hooks() if keep_weights else nullcontext()
+        with self.autocast(), hooks, retainable() if self.versions is not None else nullcontext():
+            output = self.model_fn(self.model, x, hidden)
+        if not isinstance(output, (tuple, list)) or len(output) != 2:
+            raise TypeError(
+                "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "
+                f"(output, (h, c)); got {type(output).__name__}. Wrap the model or pass model_fn to adapt it."
+            )
+        y_pred, hidden_out = output
+        if hidden is not None and hs.signature(hidden_out) != hs.signature(hidden):
+            raise ValueError(
+                "the hidden state changed structure or shape between segments: "
+                f"{hs.signature(hidden)} -> {hs.signature(hidden_out)}. With carry_hidden=True all batches "
+                "of an epoch must have the same batch size."
+            )
+        return y_pred, hidden_out

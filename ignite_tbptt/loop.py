@@ -1,0 +1,292 @@
+"""The process function of a TBPTT(k1, k2) trainer: segments, windows and optimizer steps along a stream."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from ignite.contrib.engines.tbptt import Tbptt_Events
+from ignite.engine import Engine, Events
+
+from . import distributed, rng
+from . import hidden as hs
+from .events import COUNTERS, TBPTTEvents, register_tbptt_events
+from .forward import ModelCall
+from .optimizer_step import OptimizerStep
+from .plan import SegmentPlan, plan_segment
+from .schedule import WindowSource
+from .stream import StreamState
+from .sweep import Replay, RetainedHistory, Segment
+
+__all__ = ["TBPTTStep"]
+
+
+class TBPTTStep:
+    """Process function of a TBPTT(k1, k2) trainer; build it with :func:`~ignite_tbptt.tbptt_training_step`.
+
+    Each iteration runs the batch's segments as :func:`~ignite_tbptt.plan.plan_segment` plans them, the
+    backward sweep of every window that closes, and the optimizer step of every accumulation that completes.
+    The stream (position, hidden state, open window, retained history) lives in a
+    :class:`~ignite_tbptt.stream.StreamState`, the accumulated windows in an
+    :class:`~ignite_tbptt.optimizer_step.OptimizerStep`; :meth:`state_dict` saves both. It attaches itself to
+    the engine that runs it, on the first iteration at the latest, so ``Engine(tbptt_training_step(...))``
+    works as ignite's ``Engine(supervised_training_step(...))`` does.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        source: WindowSource,
+        *,
+        model_call: ModelCall,
+        optimizer_step: OptimizerStep,
+        time_dim: int,
+        carry_hidden: bool,
+        device: str | torch.device | None,
+        non_blocking: bool,
+        prepare_batch: Callable,
+        output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None,
+        target_count_fn: Callable[[Any, Any], int] | None,
+        recompute: int | None = None,
+    ) -> None:
+        self.model, self.loss_fn, self.source = model, loss_fn, source
+        self.optim, self.optimizer, self.scaler = optimizer_step, optimizer_step.optimizer, optimizer_step.scaler
+        self.time_dim, self.carry_hidden, self.recompute = time_dim, carry_hidden, recompute
+        self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
+        self.output_transform, self.target_count_fn = output_transform, target_count_fn
+        self.forward, self.versions = model_call, model_call.versions
+        history = RetainedHistory(self.forward, self.parameters, self.versions, recompute is not None)
+        self.stream = StreamState(source, history)
+        self._engine: Engine | None = None
+        self._loaded: dict | None = None
+
+    @property
+    def schedule(self) -> WindowSource:
+        """The window source (a :class:`~ignite_tbptt.Schedule` for fixed k1, k2)."""
+        return self.source
+
+    @property
+    def history(self) -> RetainedHistory:
+        """The stream's retained segments."""
+        return self.stream.history
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters the optimizer updates, in its order."""
+        return self.optim.parameters()
+
+    def hparams(self) -> dict[str, Any]:
+        """The trainer's hyper-parameters, for logging."""
+        return {
+            **self.source.hparams(),
+            "carry_hidden": self.carry_hidden,
+            "gradient_accumulation_steps": self.optim.accumulation,
+            "scaler": self.scaler is not None,
+            "recompute": self.recompute or 0,
+        }
+
+    # -- ignite wiring -----------------------------------------------------------------------------------------
+    def attach(self, engine: Engine) -> None:
+        """Register the events, counters and the handlers that start and end streams and epochs on ``engine``."""
+        register_tbptt_events(engine)
+        engine.state.window_loss = None
+        engine.state.window_targets = engine.state.targets_seen = engine.state.step_targets = 0
+        if "targets_seen" not in engine.state_dict_user_keys:
+            engine.state_dict_user_keys.append("targets_seen")
+        engine.add_event_handler(Events.STARTED, self._started)
+        engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.end_epoch)
+        self._engine = engine
+
+    def _started(self, engine: Engine) -> None:
+        if distributed.is_distributed():
+            distributed.broadcast_parameters(self.parameters())
+        if engine.state.iteration == 0:
+            for name in (*COUNTERS, "targets_seen"):
+                setattr(engine.state, name, 0)
+        if self._loaded is not None and engine.state.iteration > 0:
+            self.stream.load_state_dict(self._loaded)
+            self.optim.load_state_dict(self._loaded)
+        else:
+            self.stream.reset()
+            self.optim.reset()
+        self._loaded = None
+
+    def _epoch_started(self, engine: Engine) -> None:
+        # A run resumed mid-epoch fires EPOCH_STARTED again; the restored stream goes on.
+        if engine.state.epoch_length is None or engine.state.iteration % engine.state.epoch_length == 0:
+            self.stream.reset()
+
+    def _attach_late(self, engine: Engine) -> None:
+        # Engine(step) without create_tbptt_trainer: STARTED and the first EPOCH_STARTED have already fired.
+        self.attach(engine)
+        for name in (*COUNTERS, "targets_seen"):
+            setattr(engine.state, name, 0)
+        self._started(engine)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's state (position, hidden state, open window, retained history) and accumulated gradients.
+
+        The retained graphs are saved as what rebuilds them (each segment's input, input hidden state,
+        random state, and the weights it ran with); :meth:`load_state_dict` rebuilds them when the next run
+        starts, so that resuming gives the parameters of an uninterrupted run. ``create_tbptt_trainer``'s
+        engine includes this in its own ``state_dict()``, so ignite's ``Checkpoint`` saves it.
+        """
+        return {**self.stream.state_dict(), **self.optim.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state when the engine's next run starts (after model and optimizer load)."""
+        self._loaded = state
+
+    # -- one iteration -----------------------------------------------------------------------------------------
+    def __call__(self, engine: Engine, batch: Sequence[Any]) -> Any:
+        """Run the segments of one batch; returns ``output_transform``'s value for the batch."""
+        if engine is not self._engine:
+            self._attach_late(engine)
+        x, y = self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking)
+        length = self._check_batch(x, y)
+        self.model.train()
+        stream = self.stream
+        if not self.carry_hidden:
+            stream.reset()
+        offset = stream.position
+        batch_end = offset + length
+        epoch_length = engine.state.epoch_length
+        last_iteration = epoch_length is not None and engine.state.iteration % epoch_length == 0
+        stream_end = batch_end if not self.carry_hidden or last_iteration else None
+
+        loss_sum: Any = 0.0
+        targets = 0
+        y_preds: list[Any] = []
+        while stream.position < batch_end:
+            if stream.window is None:
+                self._start_window(engine)
+            plan = plan_segment(self.source, stream.window, stream.position, batch_end, stream_end, self.recompute)
+            x_seg = x.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
+            y_seg = y.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
+            loss, n, y_pred = self._run_segment(plan, x_seg, y_seg)
+            loss_sum, targets = loss_sum + loss, targets + n
+            engine.state.targets_seen += n
+            y_preds.append(y_pred)
+            if plan.closes_window:
+                self._complete_window(engine, plan.end, stream_continues=plan.end != stream_end)
+        if last_iteration:
+            self.end_epoch(engine)
+
+        loss = loss_sum / targets if targets else torch.tensor(float("nan"))
+        if self.output_transform is None:
+            return loss.item()
+        return self.output_transform(x, y, hs.cat(y_preds, self.time_dim), loss)
+
+    def _run_segment(self, plan: SegmentPlan, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, int, Any]:
+        """Run the segment as ``plan`` says: forward, pay or owe its loss gradient, retain what is needed.
+
+        Returns:
+            The segment's summed per-target loss (detached), its target count, and its detached predictions
+            when ``output_transform`` needs them.
+        """
+        stream = self.stream
+        hidden = stream.hidden
+        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
+        replay = None
+        if plan.loss_owed:
+            version = self.versions.current if self.versions is not None else None
+            replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad)
+        with torch.no_grad() if plan.recompute else nullcontext():
+            y_pred, hidden_out = self.forward(x, hidden_in, plan.keep_weights)
+        n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
+        y_owed = None
+        if plan.loss_owed:
+            # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
+            # only the gradient of the predictions waits for the window's backward sweep.
+            y_owed = [t.detach().requires_grad_(t.requires_grad or plan.recompute) for t in hs.flatten(y_pred)]
+        loss: Any = 0.0
+        if n:
+            with self.forward.autocast():
+                weighted = self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y) * n
+            (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
+            loss = weighted.detach()
+        if plan.retained:
+            # Paid at once, a segment only hands the sweep the gradient its input leaves received.
+            segment = Segment(plan.start, plan.end, inputs, [])
+            if plan.loss_owed:
+                segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if n else None
+                if plan.recompute:  # the sweep builds its graph again
+                    segment.inputs, segment.outputs = [], None
+                else:
+                    segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if n else None
+            stream.history.append(segment)
+        stream.hidden, stream.position = hidden_out, plan.end
+        stream.window_loss = stream.window_loss + loss
+        stream.window_targets += n
+        self.optim.targets += n
+        return loss, n, hs.as_leaves(y_pred, False)[0] if self.output_transform is not None else None
+
+    # -- window and step boundaries ----------------------------------------------------------------------------
+    def _start_window(self, engine: Engine) -> None:
+        self.optim.window_started()
+        self.stream.open_window()
+        engine.state.window += 1
+        engine.fire_event(TBPTTEvents.WINDOW_STARTED)
+        engine.fire_event(Tbptt_Events.TIME_ITERATION_STARTED)
+
+    def _complete_window(self, engine: Engine, end: int, stream_continues: bool) -> None:
+        stream = self.stream
+        start = stream.window.start
+        next_cut = self.source.window(end).cut if stream_continues else None
+        stream.history.backward(start, self.source.cut(start, end), next_cut)
+        stream.window = None
+        if self.optim.window_completed():
+            self._optimizer_step(engine)
+        targets = stream.window_targets
+        engine.state.window_loss = stream.window_loss / targets if targets else torch.tensor(float("nan"))
+        engine.state.window_targets = targets
+        engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)
+        engine.fire_event(Tbptt_Events.TIME_ITERATION_COMPLETED)
+
+    def _optimizer_step(self, engine: Engine) -> None:
+        if self.stream.history.segments:
+            self.versions.freeze()
+        try:
+            self.optim.step(engine, on_skip=self.stream.recover)
+        except FloatingPointError:
+            self.stream.history.clear()
+            raise
+
+    def end_epoch(self, engine: Engine) -> None:
+        """End the stream and apply the windows not yet applied; runs once per epoch, whatever calls it first."""
+        if self.stream.window is not None:
+            self._complete_window(engine, self.stream.position, stream_continues=False)
+        if self.optim.windows:
+            self._optimizer_step(engine)
+        self.stream.reset()
+
+    # -- checks ------------------------------------------------------------------------------------------------
+    def _check_batch(self, x: Any, y: Any) -> int:
+        td = self.time_dim
+        for name, t in (("x", x), ("y", y)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"prepare_batch must return tensors (x, y); {name} is a {type(t).__name__}.")
+            if not -t.dim() <= td < t.dim():
+                raise ValueError(
+                    f"time_dim={td} is out of range for {name} of shape {tuple(t.shape)}; "
+                    f"pass the index of the time dimension (0 for (T, B, *), 1 for (B, T, *))."
+                )
+        if x.shape[td] != y.shape[td]:
+            raise ValueError(
+                f"x and y must have the same length along time_dim={td}, got {x.shape[td]} and {y.shape[td]}."
+            )
+        if x.shape[td] == 0 or x.numel() == 0:
+            raise ValueError(f"empty batch: x has shape {tuple(x.shape)}; every batch needs at least one step.")
+        if self.carry_hidden and x.dim() > 1:
+            streams = x.shape[1 if td == 0 else 0]
+            if self.stream.streams is not None and streams != self.stream.streams:
+                raise ValueError(
+                    f"with carry_hidden=True the batches of an epoch are pieces of the same {self.stream.streams} "
+                    f"parallel streams, but this batch has {streams}. Drop the last incomplete batch "
+                    "(stream_batches lays out equal columns), or use carry_hidden=False."
+                )
+            self.stream.streams = streams
+        return x.shape[td]

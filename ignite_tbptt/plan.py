@@ -1,0 +1,128 @@
+"""What the trainer does with each segment of a window, decided once, free of torch.
+
+A *segment* is one model call over consecutive steps of a window. Before running it, the loop asks
+:func:`plan_segment` where it ends and how its gradient is paid, and then only acts on the answer, a
+:class:`SegmentPlan`. The rules follow from SPEC.md and from the cost of each choice:
+
+- Steps before a k2 < k1 cut get only the gradient of their own loss: one step per segment, backpropagated
+  at once, nothing retained.
+- A segment that closes its window and that no later window reaches is backpropagated whole at once, as a
+  hand-written loop does (every segment when k1 = k2).
+- Any other segment's loss is backpropagated to its predictions at once (the loss graph, e.g. a large
+  vocabulary's log-softmax, is freed) and the predictions' gradient is owed to the window's backward sweep,
+  which traverses each segment once with the sum of that gradient and the hidden-state gradient of the
+  segments after it (Williams & Peng 1990, BPTT(h; h'), by linearity).
+- A segment that a later window reaches keeps its graph past this window's sweep and, since an optimizer
+  step may come in between, the weights it ran with (:mod:`ignite_tbptt.versions`).
+- In recomputation mode (Chen et al. 2016, arXiv:1604.06174) segments that are not paid at once run without
+  a graph and are rebuilt in the sweep, at most ``recompute`` steps at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .schedule import Window, WindowSource
+
+__all__ = ["SegmentPlan", "plan_segment"]
+
+
+@dataclass(frozen=True)
+class SegmentPlan:
+    """The decisions for one segment, ``[start, end)`` of a window.
+
+    Attributes:
+        start: first step of the segment (the stream's position when it runs).
+        end: end (exclusive) of the segment.
+        window_end: end of the segment's window if known when the segment runs, else ``None`` (the window
+            continues into a later batch of a stream whose length is unknown).
+        closes_window: the window's backward sweep runs right after this segment.
+        own_loss_only: the segment lies before the window's cut (k2 < k1): it gets only its own loss's gradient.
+        backward_now: its loss is backpropagated through the whole segment at once, so no loss gradient is owed.
+        recompute: it runs without a graph, and the backward sweep rebuilds it (recomputation mode).
+        reached_later: a later window's backward pass reaches it, if the stream goes on past it.
+        keep_weights: its graph must keep the weights it ran with across optimizer steps.
+        hidden_requires_grad: gradient may flow into its input hidden state (it starts after the lowest cut
+            its window can have).
+    """
+
+    start: int
+    end: int
+    window_end: int | None
+    closes_window: bool
+    own_loss_only: bool
+    backward_now: bool
+    recompute: bool
+    reached_later: bool
+    keep_weights: bool
+    hidden_requires_grad: bool
+
+    @property
+    def loss_owed(self) -> bool:
+        """Whether the gradient of its predictions waits for the window's backward sweep."""
+        return not self.backward_now
+
+    @property
+    def retained(self) -> bool:
+        """Whether the window's backward sweep passes through it (all but the steps before the cut)."""
+        return not self.own_loss_only
+
+
+def plan_segment(
+    source: WindowSource,
+    window: Window,
+    step: int,
+    batch_end: int,
+    stream_end: int | None,
+    recompute: int | None = None,
+) -> SegmentPlan:
+    """Plan the segment that starts at ``step`` in ``window``.
+
+    Args:
+        source: the window source of the stream.
+        window: the window that holds ``step``, as ``source`` planned it.
+        step: first step of the segment, ``window.start <= step < window.end``.
+        batch_end: end (exclusive) of the steps the current batch holds; a segment never passes it.
+        stream_end: length of the stream, or ``None`` while unknown (a carried stream whose epoch length is
+            unknown, before its last batch).
+        recompute: in recomputation mode, the most steps a rebuilt segment may have; ``None`` otherwise.
+
+    Returns:
+        The segment's :class:`SegmentPlan`.
+
+    Examples:
+        >>> from ignite_tbptt import Schedule
+        >>> s = Schedule(k1=4, k2=6)  # the next window's cut lies 2 steps before its start
+        >>> first = plan_segment(s, s.window(0), 0, batch_end=10, stream_end=10)
+        >>> first.end, first.backward_now, first.reached_later
+        (2, False, False)
+        >>> second = plan_segment(s, s.window(0), 2, batch_end=10, stream_end=10)
+        >>> second.end, second.closes_window, second.keep_weights
+        (4, True, True)
+    """
+    if stream_end is not None:
+        window_end: int | None = min(window.end, stream_end)
+    else:  # known once the batch holds the whole window, since the stream goes on at least to the batch's end
+        window_end = window.end if batch_end >= window.end else None
+    end = min(source.boundary(window, step, stream_end), batch_end)
+    if recompute is not None:  # segments of at most `recompute` steps bound the rebuilt graph
+        end = min(end, step + recompute)
+    # The cut only moves forward as a window grows, so while the window's end is unknown, the cut of the
+    # window cut short at the batch's end bounds it from below.
+    lowest_cut = source.cut(window.start, window_end if window_end is not None else batch_end)
+    own_loss_only = step < lowest_cut
+    deferred = recompute is not None and not own_loss_only
+    reached_later = end != stream_end and source.reaches_back(window, step)
+    closes_window = end == window_end
+    return SegmentPlan(
+        start=step,
+        end=end,
+        window_end=window_end,
+        closes_window=closes_window,
+        own_loss_only=own_loss_only,
+        backward_now=own_loss_only or (not deferred and closes_window and not reached_later),
+        recompute=deferred,
+        reached_later=reached_later,
+        keep_weights=reached_later and not deferred,
+        hidden_requires_grad=step > lowest_cut,
+    )

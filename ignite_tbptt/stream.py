@@ -1,0 +1,87 @@
+"""The state of the stream a trainer is running along, with its own ``state_dict``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import hidden as hs
+from .schedule import Window, WindowSource
+from .sweep import RetainedHistory
+
+__all__ = ["StreamState"]
+
+
+@dataclass(eq=False)
+class StreamState:
+    """Where the trainer is in its stream: position, hidden state, open window and retained history.
+
+    With ``carry_hidden=True`` it lives through the iterations of an epoch; otherwise every batch starts it
+    anew. :meth:`state_dict` saves it as plain tensors and numbers (the history as what rebuilds it), so a
+    run resumed from a checkpoint continues the stream exactly.
+
+    Attributes:
+        source: the window source of the stream.
+        history: the retained segments.
+        position: steps of the stream run so far.
+        streams: parallel streams (batch size) of a carried stream, once known.
+        hidden: the hidden state after the last step (``None`` at the stream's start).
+        window: the open window, or ``None`` between windows.
+        window_loss: summed per-target loss of the open window's steps so far.
+        window_targets: targets of the open window's steps so far.
+    """
+
+    source: WindowSource
+    history: RetainedHistory
+    position: int = 0
+    streams: int | None = None
+    hidden: Any = None
+    window: Window | None = None
+    window_loss: Any = 0.0
+    window_targets: int = 0
+
+    def reset(self) -> None:
+        """Forget the stream: position 0, no hidden state, no retained history, no open window."""
+        self.position, self.streams, self.hidden, self.window = 0, None, None, None
+        self.window_loss, self.window_targets = 0.0, 0
+        self.history.clear()
+        self.source.reset()
+
+    def open_window(self) -> Window:
+        """Start the window that begins at the current position."""
+        self.window = self.source.window(self.position)
+        self.window_loss, self.window_targets = 0.0, 0
+        return self.window
+
+    def recover(self) -> None:
+        """After an optimizer step skipped for inf/NaN: cut the history there, restart a non-finite hidden state."""
+        self.history.clear()
+        if self.hidden is not None and not all(torch.isfinite(t).all() for t in hs.flatten(self.hidden)):
+            self.hidden = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream as plain tensors and numbers; the retained graphs as what rebuilds them."""
+        return {
+            "position": self.position,
+            "streams": self.streams,
+            "hidden": None if self.hidden is None else hs.as_leaves(self.hidden, False)[0],
+            "window": None if self.window is None else self.window.start,
+            "window_loss": self.window_loss,
+            "window_targets": self.window_targets,
+            "source": self.source.state_dict(),
+            **self.history.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s stream, rebuilding the retained graphs.
+
+        Call it once the model and the optimizer hold the checkpoint's values.
+        """
+        self.reset()
+        self.source.load_state_dict(state.get("source", {}))  # absent in checkpoints of version 0.1.0
+        self.position, self.streams, self.hidden = state["position"], state["streams"], state["hidden"]
+        self.window = None if state["window"] is None else self.source.window(state["window"])
+        self.window_loss, self.window_targets = state["window_loss"], state["window_targets"]
+        self.history.load_state_dict(state)

@@ -1,0 +1,260 @@
+"""The retained segments of a stream and the backward sweep of each window.
+
+A *segment* is one model call over consecutive steps. Its graph starts at leaf copies of its input hidden
+state and ends at its output hidden state and its predictions. A window's backward sweep walks its segments
+from the last to the cut, each exactly once: every segment is backpropagated with the sum of both gradients
+that reach it, the loss gradient of its own predictions (if still owed) and the hidden-state gradient that
+the later segments left on its successor's input leaves. By linearity of backpropagation this equals
+backpropagating every step's loss separately to the window's cut (Williams & Peng, 1990, BPTT(h; h')), at
+the cost of one traversal per segment and window: ``k2 / k1`` backward traversals per step on average.
+
+Graphs cannot be saved, so a checkpoint of the history holds what rebuilds them: each segment's input, input
+hidden state, random state, owed loss gradient and the weights it ran with (one copy per optimizer step still
+reached). Recomputation mode rebuilds each graph the same way, just before the sweep traverses it (Chen et
+al., 2016, "Training deep nets with sublinear memory cost", arXiv:1604.06174, section 3; as
+``torch.utils.checkpoint``, but with the weights of the segment's own optimizer step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import hidden as hs
+from . import rng
+from .compiled import retainable
+from .forward import ModelCall
+from .versions import ParameterVersions, WeightVersion
+
+__all__ = ["Replay", "Segment", "RetainedHistory", "load_weights"]
+
+
+@dataclass(eq=False)
+class Replay:
+    """What recomputing a segment's forward pass needs: its input, input hidden state, random state and weights.
+
+    Attributes:
+        x: the segment's input, ``x`` narrowed to its steps along the time dimension.
+        hidden: the input hidden state (the leaves the segment ran from), or ``None`` at the stream's start.
+        rng: the random state the forward pass started from.
+        version: the weights it ran with (``None`` when no optimizer step can intervene, k2 <= k1).
+        hidden_grad: whether a backward pass may carry gradient into the input hidden state.
+    """
+
+    x: torch.Tensor
+    hidden: Any
+    rng: rng.RNGState
+    version: WeightVersion | None
+    hidden_grad: bool
+
+
+@dataclass(eq=False)
+class Segment:
+    """One model call over the steps ``[start, end)`` of a stream.
+
+    Attributes:
+        start: first step of the segment in the stream.
+        end: end (exclusive) of the segment.
+        inputs: leaf tensors of the input hidden state (empty at the stream's start).
+        outputs: tensors of the output hidden state, still attached to the segment's graph (``None`` while a
+            recomputed segment's graph is not built).
+        y_pred: prediction tensors whose loss gradient is still owed (``None`` once paid).
+        y_grad: the (possibly scaled) loss gradient for ``y_pred``, computed when the segment ran.
+        replay: how to recompute the segment, for checkpoints and recomputation mode.
+    """
+
+    start: int
+    end: int
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor] | None
+    y_pred: list[torch.Tensor] | None = None
+    y_grad: list[torch.Tensor | None] | None = None
+    replay: Replay | None = None
+
+    def backward(self, hidden_grad: list[torch.Tensor | None] | None, retain: bool) -> list[torch.Tensor | None]:
+        """Backpropagate the owed loss gradient and ``hidden_grad`` (for ``outputs``) through the segment.
+
+        Returns:
+            The gradient reaching each input leaf (``None`` where none does), taken off the leaves so that
+            nothing leaks into a later window's backward pass.
+        """
+        tensors, grads = [], []
+        if self.y_pred is not None:
+            tensors += self.y_pred
+            grads += self.y_grad
+            self.y_pred = self.y_grad = None
+        if hidden_grad is not None:
+            tensors += self.outputs
+            grads += hidden_grad
+        pairs = [(t, g) for t, g in zip(tensors, grads) if g is not None and t.requires_grad]
+        if pairs:
+            with retainable() if retain else nullcontext():
+                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs], retain_graph=retain)
+        reached = [leaf.grad for leaf in self.inputs]
+        for leaf in self.inputs:
+            leaf.grad = None
+        return reached
+
+
+@torch.no_grad()
+def load_weights(params: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+    """Copy ``values`` into ``params`` in place (both in the optimizer's parameter order)."""
+    for p, v in zip(params, values):
+        p.copy_(v)
+
+
+class RetainedHistory:
+    """The segments of the current stream that a backward sweep may still traverse, oldest first.
+
+    Args:
+        model_call: runs the model, to rebuild graphs.
+        parameters: the parameters the optimizer updates, in its order.
+        versions: the weight versions of a trainer whose graphs outlive optimizer steps (k2 > k1), else ``None``.
+        recompute: recomputation mode: graphs are built only while the sweep traverses them.
+    """
+
+    def __init__(
+        self,
+        model_call: ModelCall,
+        parameters: Callable[[], list[torch.Tensor]],
+        versions: ParameterVersions | None,
+        recompute: bool,
+    ) -> None:
+        self.model_call, self.parameters, self.versions, self.recompute = model_call, parameters, versions, recompute
+        self.segments: list[Segment] = []
+
+    def append(self, segment: Segment) -> None:
+        """Add the stream's newest segment."""
+        self.segments.append(segment)
+
+    def clear(self) -> None:
+        """Drop every retained graph (at the end of a stream, or after a skipped optimizer step)."""
+        self.segments.clear()
+
+    def backward(self, start: int, cut: int, next_cut: int | None) -> None:
+        """Backward sweep of the window that starts at ``start``, then drop what the next window does not reach.
+
+        Every step's loss in the window flows back to the window's cut; segments of the window that lie
+        before the cut (k2 < k1) get their own loss only. Gradients accumulate in the parameters' ``.grad``.
+
+        Args:
+            start: first step of the window; its last segment must have been appended.
+            cut: the window's cut.
+            next_cut: the cut of the next window, or ``None`` if the stream ends with this window.
+        """
+        hidden_grad = None
+        for segment in reversed(self.segments):
+            if segment.start < cut:
+                if segment.start < start:
+                    break
+                self._traverse(segment, None, retain=False)
+                continue
+            retain = next_cut is not None and segment.start >= next_cut
+            reached = self._traverse(segment, hidden_grad, retain)
+            hidden_grad = reached if segment.start > cut else None
+        if next_cut is None:
+            self.segments.clear()
+        else:
+            self.segments = [s for s in self.segments if s.start >= next_cut]
+
+    def _traverse(self, segment: Segment, hidden_grad: list | None, retain: bool) -> list[torch.Tensor | None]:
+        if segment.outputs is not None:
+            return segment.backward(hidden_grad, retain)
+        with self._rebuilt(segment):
+            return segment.backward(hidden_grad, retain=False)
+
+    def replay(self, replay: Replay, keep_weights: bool) -> tuple[list[torch.Tensor], Any, Any]:
+        """Run a segment's forward pass again from ``replay``, with the weights the model holds now.
+
+        Returns:
+            The new input hidden-state leaves, the predictions and the output hidden state.
+        """
+        hidden_in, inputs = (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_grad)
+        with rng.replayed(replay.rng, replay.x.device):
+            y_pred, hidden_out = self.model_call(replay.x, hidden_in, keep_weights)
+        return inputs, y_pred, hidden_out
+
+    @contextmanager
+    def _rebuilt(self, segment: Segment) -> Iterator[None]:
+        """Recompute ``segment``'s graph with the weights and random state it first ran with, for one backward."""
+        replay = segment.replay
+        params = self.parameters()
+        old = replay.version is not None and replay.version.frozen
+        current = [p.detach().clone() for p in params] if old else None
+        if old:
+            load_weights(params, self.versions.values(replay.version))
+        inputs, y_pred, hidden_out = self.replay(replay, keep_weights=False)
+        segment.inputs, segment.outputs = inputs, hs.flatten(hidden_out)
+        if segment.y_grad is not None:
+            segment.y_pred = hs.flatten(y_pred)
+        try:
+            yield
+        finally:
+            segment.inputs, segment.outputs, segment.y_pred = [], None, None
+            if current is not None:
+                load_weights(params, current)
+
+    # -- checkpoints ---------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """What rebuilds the history: ``segments`` (input, hidden state, random state, owed gradient, weights)."""
+        versions: list[WeightVersion] = []
+        for segment in self.segments:
+            version = segment.replay.version
+            if version is not None and all(version is not v for v in versions):
+                versions.append(version)
+        segments = []
+        for segment in self.segments:
+            replay = segment.replay
+            segments.append(
+                {
+                    "start": segment.start,
+                    "end": segment.end,
+                    "x": replay.x,
+                    "hidden": None if replay.hidden is None else hs.as_leaves(replay.hidden, False)[0],
+                    "hidden_requires_grad": replay.hidden_grad,
+                    "rng": replay.rng,
+                    "version": next((i for i, v in enumerate(versions) if v is replay.version), None),
+                    "y_grad": segment.y_grad,
+                }
+            )
+        return {
+            "segments": segments,
+            "weights": [[t.clone() for t in self.versions.values(v)] for v in versions],
+            "current_weights": next((i for i, v in enumerate(versions) if not v.frozen), None),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Rebuild the history of :meth:`state_dict` (once the model and the optimizer hold the checkpoint's values).
+
+        The forward passes run again with their saved weights, random state and input, under the same hooks as
+        in training, which on a deterministic device gives the graphs of the uninterrupted run bit for bit. The
+        parameters are borrowed for this (older weights are copied in and out again) and end as they were.
+        """
+        self.clear()
+        if not state["segments"]:
+            return
+        params = self.parameters()
+        current = [p.detach().clone() for p in params]
+        loaded = state["current_weights"]  # the live parameters are the current weights
+        self.model_call.model.train()
+        for saved in state["segments"]:
+            if saved["version"] != loaded:
+                if loaded is not None:
+                    self.versions.freeze()
+                load_weights(params, state["weights"][saved["version"]])
+                loaded = saved["version"]
+            version = self.versions.current if self.versions is not None else None
+            replay = Replay(saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"])
+            segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], replay)
+            if not self.recompute:  # recomputation mode rebuilds graphs in the sweep anyway
+                segment.inputs, y_pred, hidden_out = self.replay(replay, keep_weights=self.versions is not None)
+                segment.outputs = hs.flatten(hidden_out)
+                segment.y_pred = hs.flatten(y_pred) if saved["y_grad"] is not None else None
+            self.append(segment)
+        if loaded != state["current_weights"]:
+            self.versions.freeze()
+            load_weights(params, current)

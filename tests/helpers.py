@@ -1,0 +1,62 @@
+"""Helpers shared by the tests: data, optimizers, comparisons and a model that records its calls."""
+
+import itertools
+
+import torch
+
+from .reference import Net
+
+
+def make_batches(lengths, batch=3, n_in=3, n_out=4, time_dim=0, seed=0):
+    """Batches of ``(x, y)`` in float64 with the given lengths along ``time_dim``."""
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for length in lengths:
+        x = torch.randn(length, batch, n_in, generator=g, dtype=torch.float64)
+        y = torch.randint(0, n_out, (length, batch), generator=g)
+        if time_dim == 1:
+            x, y = x.transpose(0, 1).contiguous(), y.t().contiguous()
+        batches.append((x, y))
+    return batches
+
+
+def sgd(model, lr=0.5):
+    return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
+
+
+def assert_same_parameters(a, b, atol=1e-9):
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=atol, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def assert_trained(model, initial):
+    moved = max((p - q).abs().max().item() for p, q in zip(model.parameters(), initial.parameters()))
+    assert moved > 1e-2, "training did not change the parameters, so the comparison proves nothing"
+
+
+class NoLength:
+    """Re-iterable data without ``__len__``: the first epoch's length is unknown until it ends."""
+
+    def __init__(self, batches):
+        self.batches = batches
+
+    def __iter__(self):
+        return iter(self.batches)
+
+
+class RecordingNet(Net):
+    """A :class:`Net` that records each call: its length and whether it started from a fresh hidden state."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls = []
+
+    def forward(self, x, hidden=None):
+        self.calls.append((x.shape[0], hidden is None))
+        return super().forward(x, hidden)
+
+    @property
+    def fresh_calls(self):
+        """Stream positions (counted over all calls) of the calls that started from a fresh hidden state."""
+        starts = itertools.accumulate([0] + [n for n, _ in self.calls])
+        return [position for position, (_, fresh) in zip(starts, self.calls) if fresh]
