@@ -29,4 +29,4 @@ __all__ = [
     "plot_schedule",
     "attach_tensorboard",
 ]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

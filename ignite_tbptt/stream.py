@@ -80,7 +80,7 @@ class StreamState:
         Call it once the model and the optimizer hold the checkpoint's values.
         """
         self.reset()
-        self.source.load_state_dict(state.get("source", {}))  # absent in checkpoints of version 0.1.0
+        self.source.load_state_dict(state.get("source", {}))  # absent in checkpoints written by 0.1.0
         self.position, self.streams, self.hidden = state["position"], state["streams"], state["hidden"]
         self.window = None if state["window"] is None else self.source.window(state["window"])
         self.window_loss, self.window_targets = state["window_loss"], state["window_targets"]

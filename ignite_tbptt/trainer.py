@@ -63,12 +63,7 @@ def tbptt_training_step(
         >>> trainer.run([(x, x)]).window
         3
     """
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
-    if not callable(loss_fn):
-        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
+    _check_model(model, optimizer, loss_fn)
     source = Schedule(positive_int("k1", k1), k1 if k2 is None else positive_int("k2", k2))
     if isinstance(time_dim, bool) or not isinstance(time_dim, int):
         raise TypeError(f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *)), got {time_dim!r}.")
@@ -84,9 +79,6 @@ def tbptt_training_step(
         callable_or_none(name, fn)
     if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
         raise TypeError(f"autocast_dtype must be a torch.dtype such as torch.bfloat16, got {autocast_dtype!r}.")
-    model_params = {id(p) for p in model.parameters()}
-    if not any(id(p) in model_params for group in optimizer.param_groups for p in group["params"]):
-        raise ValueError("optimizer holds none of model's parameters; build it from model.parameters().")
     device_type = device_type_of(model, device)
     optimizer_step = OptimizerStep(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation)
     # Only windows that reach into earlier ones keep graphs alive across an optimizer step.
@@ -106,6 +98,18 @@ def tbptt_training_step(
         target_count_fn=target_count_fn,
         recompute=recompute,
     )
+
+
+def _check_model(model: Any, optimizer: Any, loss_fn: Any) -> None:
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
+    model_params = {id(p) for p in model.parameters()}
+    if not any(id(p) in model_params for group in optimizer.param_groups for p in group["params"]):
+        raise ValueError("optimizer holds none of model's parameters; build it from model.parameters().")
 
 
 def _scaler(

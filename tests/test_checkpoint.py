@@ -40,6 +40,15 @@ BATCHES = [(x.float(), y) for x, y in make_batches([7, 12, 5, 9, 11])]
 )
 @pytest.mark.parametrize("stop_at", [7, 3])
 def test_resuming_mid_epoch_through_ignite_checkpoint_is_bit_identical(tmp_path, k1, k2, accumulation, scaler, stop_at):
+    resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at)
+
+
+def test_a_checkpoint_written_before_window_sources_resumes_bit_identically(tmp_path):
+    # Version 0.1.0 wrote the same stream state without the window source's entry.
+    resume_and_compare(tmp_path, 3, 7, 2, False, 7, edit=lambda state: state["trainer"]["tbptt"].pop("source"))
+
+
+def resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at, edit=None):
     torch.manual_seed(0)
     model, _, trainer = build(k1, k2, accumulation, scaler)
     trainer.run(BATCHES, max_epochs=3)
@@ -65,6 +74,8 @@ def test_resuming_mid_epoch_through_ignite_checkpoint_is_bit_identical(tmp_path,
     (path,) = tmp_path.glob("checkpoint_*.pt")
     # weights_only=False: ignite's DeterministicEngine saves numpy's random state alongside.
     checkpoint = torch.load(path, weights_only=False)
+    if edit is not None:
+        edit(checkpoint)
     Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, checkpoint)
     trainer.run(BATCHES, max_epochs=3)
 

@@ -184,12 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
-    args = parse_args(argv)
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
-
+def load_data(args: argparse.Namespace) -> tuple[Vocabulary, list, list, float]:
+    """The vocabulary, training and validation batches, and the validation text's unigram bits per character."""
     text = args.text.read_text(encoding="utf-8") if args.text else stdlib_corpus()
     text = text[: args.max_chars] if args.max_chars else text
     split = int(len(text) * (1 - args.valid_fraction))
@@ -203,8 +199,12 @@ def main(argv: list[str] | None = None) -> dict:
         f"unigram model: {unigram:.2f} bits/char; TBPTT(k1={args.k1}, k2={args.k2})",
         flush=True,
     )
+    return vocab, train, valid, unigram
 
-    model = CharLSTM(len(vocab), args.embedding, args.hidden, args.layers).to(device)
+
+def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tuple:
+    """The model, its optimizer, the TBPTT trainer (with clipping) and the evaluator."""
+    model = CharLSTM(vocab_size, args.embedding, args.hidden, args.layers).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
     trainer = create_tbptt_trainer(
@@ -225,6 +225,16 @@ def main(argv: list[str] | None = None) -> dict:
     evaluator = create_tbptt_evaluator(
         model, {"bpc": BitsPerTarget(cross_entropy)}, carry_hidden=True, device=device, autocast_dtype=amp_dtype
     )
+    return model, optimizer, trainer, evaluator
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    vocab, train, valid, unigram = load_data(args)
+    model, optimizer, trainer, evaluator = build(args, len(vocab), device)
 
     history: dict = {"unigram_bpc": unigram, "valid_bpc": [], "train_bpc": []}
     rank0 = idist.get_rank() == 0  # in a multi-process run, only rank 0 reports

@@ -1,0 +1,29 @@
+"""Random-state replay: a recomputed segment draws the same dropout, and the generator goes on untouched."""
+
+import torch
+
+from ignite_tbptt import rng
+
+
+def test_replay_draws_the_same_numbers_and_leaves_the_generator_where_it_was():
+    torch.manual_seed(3)
+    state = rng.capture(torch.device("cpu"))
+    first = torch.rand(5)
+    following = torch.rand(5)
+
+    torch.manual_seed(3)
+    torch.rand(5)  # the forward pass
+    with rng.replayed(state, torch.device("cpu")):
+        replayed = torch.rand(5)  # its recomputation
+    torch.testing.assert_close(replayed, first, rtol=0, atol=0)
+    torch.testing.assert_close(torch.rand(5), following, rtol=0, atol=0)  # as if nothing was replayed
+
+
+def test_replayed_dropout_masks_match():
+    dropout = torch.nn.Dropout(0.5)
+    x = torch.ones(100)
+    state = rng.capture(torch.device("cpu"))
+    mask = dropout(x)
+    with rng.replayed(state, torch.device("cpu")):
+        again = dropout(x)
+    assert torch.equal(mask, again) and not torch.equal(mask, dropout(x))
