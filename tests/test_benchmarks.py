@@ -5,6 +5,8 @@ import torch
 
 from benchmarks import methods, run
 
+pytestmark = pytest.mark.slow  # runs the quick benchmark
+
 
 def tiny_batches(steps=24, length=12, batch=3):
     g = torch.Generator().manual_seed(0)

@@ -7,6 +7,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ignite_tbptt.examples import char_lm
 
+pytestmark = pytest.mark.slow  # trains the main job's model in subprocesses
+
+
 SMALL = ["--max-chars", "40000", "--hidden", "64", "--embedding", "16", "--seq-len", "50", "--batch-size", "8"]
 
 

@@ -2,7 +2,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from ignite_tbptt.examples import decoder
+
+pytestmark = pytest.mark.slow  # measures peak memory in subprocesses
 
 
 def test_decoder_feeding_back_its_predictions_learns_a_delay_only_within_k2():

@@ -1,4 +1,5 @@
 import ignite.distributed as idist
+import pytest
 import torch
 
 import ignite_tbptt.distributed
@@ -6,6 +7,9 @@ from ignite_tbptt import create_tbptt_trainer
 
 from .helpers import assert_same_parameters, make_batches
 from .reference import Net, cross_entropy
+
+pytestmark = pytest.mark.slow  # starts two gloo processes on local ports
+
 
 K1, K2, ACCUMULATION, EPOCHS = 3, 7, 2, 2
 BATCHES = make_batches([7, 12, 5], batch=4)
