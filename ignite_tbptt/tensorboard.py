@@ -108,8 +108,7 @@ def attach_tensorboard(
         The ``TensorboardLogger``; close it at the end of the run (``logger.close()``).
 
     Raises:
-        TypeError: if ``trainer`` does not come from ``create_tbptt_trainer``.
-        TypeError: if ``every`` is not an int.
+        TypeError: if ``trainer`` does not come from ``create_tbptt_trainer``, or ``every`` is not an int.
         ValueError: if ``x_axis`` is neither ``"windows"`` nor ``"tokens"``, or ``every`` is not positive.
     """
     if not hasattr(trainer, "tbptt"):
