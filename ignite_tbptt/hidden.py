@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-__all__ = ["flatten", "unflatten", "as_leaves", "signature", "cat"]
+__all__ = ["flatten", "unflatten", "as_leaves", "detached", "signature", "cat"]
 
 
 def flatten(tree: Any) -> list[torch.Tensor]:
@@ -38,6 +38,11 @@ def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
 
     new = pytree.tree_map_only(torch.Tensor, leaf, tree)
     return new, flatten(new)
+
+
+def detached(tree: Any) -> Any:
+    """``tree`` with every tensor detached from its graph (``None`` stays ``None``), e.g. to save or return it."""
+    return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, tree)
 
 
 def signature(tree: Any) -> Any:

@@ -104,8 +104,7 @@ class TBPTTStep:
         if distributed.is_distributed():
             distributed.broadcast_parameters(self.parameters())
         if engine.state.iteration == 0:
-            for name in (*COUNTERS, "targets_seen"):
-                setattr(engine.state, name, 0)
+            _zero_counters(engine)
         if self._loaded is not None and engine.state.iteration > 0:
             self.stream.load_state_dict(self._loaded)
             self.optim.load_state_dict(self._loaded)
@@ -122,8 +121,7 @@ class TBPTTStep:
     def _attach_late(self, engine: Engine) -> None:
         # Engine(step) without create_tbptt_trainer: STARTED and the first EPOCH_STARTED have already fired.
         self.attach(engine)
-        for name in (*COUNTERS, "targets_seen"):
-            setattr(engine.state, name, 0)
+        _zero_counters(engine)
         self._started(engine)
 
     def state_dict(self) -> dict[str, Any]:
@@ -222,7 +220,7 @@ class TBPTTStep:
         stream.window_loss = stream.window_loss + loss
         stream.window_targets += n
         self.optim.targets += n
-        return loss, n, hs.as_leaves(y_pred, False)[0] if self.output_transform is not None else None
+        return loss, n, hs.detached(y_pred) if self.output_transform is not None else None
 
     # -- window and step boundaries ----------------------------------------------------------------------------
     def _start_window(self, engine: Engine) -> None:
@@ -290,3 +288,9 @@ class TBPTTStep:
                 )
             self.stream.streams = streams
         return x.shape[td]
+
+
+def _zero_counters(engine: Engine) -> None:
+    # A fresh run counts windows, optimizer steps and targets from 0.
+    for name in (*COUNTERS, "targets_seen"):
+        setattr(engine.state, name, 0)

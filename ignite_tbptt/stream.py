@@ -66,7 +66,7 @@ class StreamState:
         return {
             "position": self.position,
             "streams": self.streams,
-            "hidden": None if self.hidden is None else hs.as_leaves(self.hidden, False)[0],
+            "hidden": hs.detached(self.hidden),
             "window": None if self.window is None else self.window.start,
             "window_loss": self.window_loss,
             "window_targets": self.window_targets,

@@ -214,7 +214,7 @@ class RetainedHistory:
                     "start": segment.start,
                     "end": segment.end,
                     "x": replay.x,
-                    "hidden": None if replay.hidden is None else hs.as_leaves(replay.hidden, False)[0],
+                    "hidden": hs.detached(replay.hidden),
                     "hidden_requires_grad": replay.hidden_grad,
                     "rng": replay.rng,
                     "version": next((i for i, v in enumerate(versions) if v is replay.version), None),
