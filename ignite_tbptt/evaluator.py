@@ -6,12 +6,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from ignite.engine import Engine, Events, _prepare_batch
+from ignite.engine import Engine, Events
 from ignite.metrics import Metric
 
 from . import hidden as hs
 from .checks import positive_int
 from .forward import autocast_for, default_model_fn, device_type_of
+from .starts import check_starts, default_reset_hidden, split_batch, start_steps, starts_at
+from .starts import prepare_batch as default_prepare_batch
 
 __all__ = ["create_tbptt_evaluator"]
 
@@ -25,10 +27,11 @@ def create_tbptt_evaluator(
     segment_length: int | None = None,
     device: str | torch.device | None = None,
     non_blocking: bool = False,
-    prepare_batch: Callable = _prepare_batch,
+    prepare_batch: Callable = default_prepare_batch,
     model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
     output_transform: Callable[[Any, Any, Any], Any] = lambda x, y, y_pred: (y_pred, y),
     autocast_dtype: torch.dtype | None = None,
+    reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
 ) -> Engine:
     """Create an ignite evaluator for models called as ``y_pred, hidden = model(x, hidden)``.
 
@@ -36,6 +39,8 @@ def create_tbptt_evaluator(
     :func:`~ignite_tbptt.create_tbptt_trainer` handles it: with ``carry_hidden=True`` the batches of one run
     are consecutive pieces of one stream (a validation text), the hidden state flowing from batch to batch;
     each ``evaluator.run(...)`` starts a fresh stream. The model runs in ``eval()`` mode without gradients.
+    Batches ``(x, y, starts)`` reset the hidden state of a column where a sequence starts, as the trainer does,
+    so that evaluating packed sequences gives each target the prediction of its sequence evaluated alone.
 
     Args:
         model: the model; left in ``train()`` mode afterwards only if the trainer sets it so (it does).
@@ -46,18 +51,20 @@ def create_tbptt_evaluator(
             long batches; the result is the same); default: the whole batch in one call.
         device: device to move batches to.
         non_blocking: passed to ``prepare_batch``.
-        prepare_batch: ``prepare_batch(batch, device, non_blocking) -> (x, y)``.
+        prepare_batch: ``prepare_batch(batch, device, non_blocking) -> (x, y)`` or ``(x, y, starts)``.
         model_fn: ``model_fn(model, x, hidden) -> (y_pred, hidden)``, ``hidden`` None at a stream's start.
         output_transform: ``output_transform(x, y, y_pred)``; default ``(y_pred, y)`` for ignite metrics, with
             ``y_pred`` the batch's predictions joined along ``time_dim``.
         autocast_dtype: run the model under ``torch.autocast`` with this dtype.
+        reset_hidden: ``reset_hidden(hidden, starts) -> hidden``, as in :func:`~ignite_tbptt.create_tbptt_trainer`.
 
     Returns:
         An ignite ``Engine``.
 
     Raises:
-        TypeError: if ``segment_length`` is not an int.
-        ValueError: if ``segment_length`` is not positive.
+        TypeError: if ``segment_length`` is not an int. During a run, if ``starts`` is not a bool tensor.
+        ValueError: if ``segment_length`` is not positive. During a run, if ``starts`` has the wrong shape, or
+            the default ``reset_hidden`` cannot reset the hidden state.
 
     Examples:
         >>> import torch
@@ -78,14 +85,21 @@ def create_tbptt_evaluator(
     @torch.no_grad()
     def evaluate(engine: Engine, batch: Sequence[Any]) -> Any:
         model.eval()
-        x, y = prepare_batch(batch, device=device, non_blocking=non_blocking)
+        x, y, starts = split_batch(prepare_batch(batch, device=device, non_blocking=non_blocking))
         hidden = stream["hidden"] if carry_hidden else None
         length = x.shape[time_dim]
-        size = segment_length or length
+        resets = {}
+        if starts is not None:
+            axis = check_starts(starts, x, time_dim)
+            resets = {t: starts_at(starts, t, axis) for t in start_steps(starts, axis)}
+        # Pieces end every segment_length steps and where some column starts a sequence.
+        bounds = sorted({*range(0, length, segment_length or length), *resets, length})
         y_preds = []
         with autocast():
-            for start in range(0, length, size):
-                y_pred, hidden = model_fn(model, x.narrow(time_dim, start, min(size, length - start)), hidden)
+            for start, end in zip(bounds, bounds[1:]):
+                if start in resets and hidden is not None:
+                    hidden = reset_hidden(hidden, resets[start])
+                y_pred, hidden = model_fn(model, x.narrow(time_dim, start, end - start), hidden)
                 y_preds.append(y_pred)
         stream["hidden"] = hidden
         return output_transform(x, y, hs.cat(y_preds, time_dim))

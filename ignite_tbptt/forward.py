@@ -10,6 +10,7 @@ import torch
 
 from . import hidden as hs
 from .compiled import retainable
+from .starts import default_reset_hidden
 from .versions import ParameterVersions
 
 __all__ = ["ModelCall", "default_model_fn", "autocast_for", "device_type_of"]
@@ -48,6 +49,8 @@ class ModelCall:
         autocast: a factory of the autocast context the model and the loss run under.
         versions: the weight versions of a trainer whose graphs outlive optimizer steps (k2 > k1), else
             ``None``; their graphs are also kept free of compiled donated buffers (:mod:`ignite_tbptt.compiled`).
+        reset_hidden: ``reset_hidden(hidden, starts) -> hidden``, applied to the input hidden state of a call
+            that starts new sequences in some columns (:mod:`ignite_tbptt.starts`).
     """
 
     def __init__(
@@ -56,11 +59,18 @@ class ModelCall:
         model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]],
         autocast: Callable[[], AbstractContextManager],
         versions: ParameterVersions | None,
+        reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
     ) -> None:
         self.model, self.model_fn, self.autocast, self.versions = model, model_fn, autocast, versions
+        self.reset_hidden = reset_hidden
 
-    def __call__(self, x: torch.Tensor, hidden: Any, keep_weights: bool = False) -> tuple[Any, Any]:
+    def __call__(
+        self, x: torch.Tensor, hidden: Any, keep_weights: bool = False, starts: torch.Tensor | None = None
+    ) -> tuple[Any, Any]:
         """One model call; ``keep_weights`` runs it under the hooks that keep its weights across optimizer steps.
+
+        ``starts`` (shape ``(B,)``), if given, resets the starting columns of ``hidden`` before the call, inside
+        the call's graph, so that the gradient reaching ``hidden`` is cut there.
 
         Raises:
             TypeError: if ``model_fn`` does not return a pair.
@@ -68,7 +78,8 @@ class ModelCall:
         """
         hooks = self.versions.hooks() if keep_weights else nullcontext()
         with self.autocast(), hooks, retainable() if self.versions is not None else nullcontext():
-            output = self.model_fn(self.model, x, hidden)
+            reset = hidden if starts is None or hidden is None else self.reset_hidden(hidden, starts)
+            output = self.model_fn(self.model, x, reset)
         if not isinstance(output, (tuple, list)) or len(output) != 2:
             raise TypeError(
                 "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from typing import Any
@@ -17,6 +18,7 @@ from .forward import ModelCall
 from .optimizer_step import OptimizerStep
 from .plan import SegmentPlan, plan_segment
 from .schedule import WindowSource
+from .starts import check_resettable, check_starts, default_reset_hidden, split_batch, start_steps, starts_at
 from .stream import StreamState
 from .sweep import Replay, RetainedHistory, Segment
 
@@ -62,6 +64,7 @@ class TBPTTStep:
         self.stream = StreamState(source, history)
         self._engine: Engine | None = None
         self._loaded: dict | None = None
+        self._unchecked_columns: int | None = None  # a stream's first hidden state awaiting the reset check
 
     @property
     def schedule(self) -> WindowSource:
@@ -143,8 +146,8 @@ class TBPTTStep:
         """Run the segments of one batch; returns ``output_transform``'s value for the batch."""
         if engine is not self._engine:
             self._attach_late(engine)
-        x, y = self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking)
-        length = self._check_batch(x, y)
+        x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
+        length, start_rows = self._check_batch(x, y, starts)
         self.model.train()
         stream = self.stream
         if not self.carry_hidden:
@@ -154,6 +157,7 @@ class TBPTTStep:
         epoch_length = engine.state.epoch_length
         last_iteration = epoch_length is not None and engine.state.iteration % epoch_length == 0
         stream_end = batch_end if not self.carry_hidden or last_iteration else None
+        sequence_starts = [offset + t for t in start_rows]
 
         loss_sum: Any = 0.0
         targets = 0
@@ -161,10 +165,15 @@ class TBPTTStep:
         while stream.position < batch_end:
             if stream.window is None:
                 self._start_window(engine)
-            plan = plan_segment(self.source, stream.window, stream.position, batch_end, stream_end, self.recompute)
+            following = bisect_right(sequence_starts, stream.position)
+            next_start = sequence_starts[following] if following < len(sequence_starts) else None
+            plan = plan_segment(
+                self.source, stream.window, stream.position, batch_end, stream_end, self.recompute, next_start
+            )
             x_seg = x.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
             y_seg = y.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
-            loss, n, y_pred = self._run_segment(plan, x_seg, y_seg)
+            resets = start_rows.get(plan.start - offset)
+            loss, n, y_pred = self._run_segment(plan, x_seg, y_seg, resets)
             loss_sum, targets = loss_sum + loss, targets + n
             engine.state.targets_seen += n
             y_preds.append(y_pred)
@@ -178,8 +187,12 @@ class TBPTTStep:
             return loss.item()
         return self.output_transform(x, y, hs.cat(y_preds, self.time_dim), loss)
 
-    def _run_segment(self, plan: SegmentPlan, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, int, Any]:
+    def _run_segment(
+        self, plan: SegmentPlan, x: torch.Tensor, y: torch.Tensor, resets: torch.Tensor | None
+    ) -> tuple[Any, int, Any]:
         """Run the segment as ``plan`` says: forward, pay or owe its loss gradient, retain what is needed.
+
+        ``resets`` (shape ``(B,)``) marks the columns that start a new sequence at the segment's first step.
 
         Returns:
             The segment's summed per-target loss (detached), its target count, and its detached predictions
@@ -191,9 +204,12 @@ class TBPTTStep:
         replay = None
         if plan.loss_owed:
             version = self.versions.current if self.versions is not None else None
-            replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad)
+            replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
         with torch.no_grad() if plan.recompute else nullcontext():
-            y_pred, hidden_out = self.forward(x, hidden_in, plan.keep_weights)
+            y_pred, hidden_out = self.forward(x, hidden_in, plan.keep_weights, resets)
+        if self._unchecked_columns is not None:  # before the first reset uses it, and before any backward
+            check_resettable(hidden_out, self._unchecked_columns)
+            self._unchecked_columns = None
         n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
         y_owed = None
         if plan.loss_owed:
@@ -262,7 +278,13 @@ class TBPTTStep:
         self.stream.reset()
 
     # -- checks ------------------------------------------------------------------------------------------------
-    def _check_batch(self, x: Any, y: Any) -> int:
+    def _check_batch(self, x: Any, y: Any, starts: Any) -> tuple[int, dict[int, torch.Tensor]]:
+        """Check the batch before it changes anything.
+
+        Returns:
+            Its length, and the columns starting a sequence (``(B,)`` bool) at each step of the batch where any
+            does.
+        """
         td = self.time_dim
         for name, t in (("x", x), ("y", y)):
             if not isinstance(t, torch.Tensor):
@@ -278,6 +300,7 @@ class TBPTTStep:
             )
         if x.shape[td] == 0 or x.numel() == 0:
             raise ValueError(f"empty batch: x has shape {tuple(x.shape)}; every batch needs at least one step.")
+        start_rows = {} if starts is None else self._check_starts(x, starts)
         if self.carry_hidden and x.dim() > 1:
             streams = x.shape[1 if td == 0 else 0]
             if self.stream.streams is not None and streams != self.stream.streams:
@@ -287,7 +310,19 @@ class TBPTTStep:
                     "(stream_batches lays out equal columns), or use carry_hidden=False."
                 )
             self.stream.streams = streams
-        return x.shape[td]
+        return x.shape[td], start_rows
+
+    def _check_starts(self, x: torch.Tensor, starts: Any) -> dict[int, torch.Tensor]:
+        axis = check_starts(starts, x, self.time_dim)
+        # The one read from the device that starts cost; a batch without them runs as before.
+        rows = {t: starts_at(starts, t, axis) for t in start_steps(starts, axis)}
+        if rows and self.forward.reset_hidden is default_reset_hidden:
+            columns = starts.shape[1 - axis]
+            if self.carry_hidden and self.stream.hidden is not None:
+                check_resettable(self.stream.hidden, columns)
+            else:  # known after the stream's first model call
+                self._unchecked_columns = columns
+        return rows
 
 
 def _zero_counters(engine: Engine) -> None:

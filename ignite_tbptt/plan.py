@@ -14,6 +14,8 @@ A *segment* is one model call over consecutive steps of a window. Before running
   segments after it (Williams & Peng 1990, BPTT(h; h'), by linearity).
 - A segment that a later window reaches keeps its graph past this window's sweep and, since an optimizer
   step may come in between, the weights it ran with (:mod:`ignite_tbptt.versions`).
+- A segment also ends where some column of the batch starts a new sequence, so that the hidden-state reset
+  falls between two model calls; batches without starts are run exactly as without them.
 - In recomputation mode (Chen et al. 2016, arXiv:1604.06174) segments that are not paid at once run without
   a graph and are rebuilt in the sweep, at most ``recompute`` steps at a time.
 """
@@ -75,6 +77,7 @@ def plan_segment(
     batch_end: int,
     stream_end: int | None,
     recompute: int | None = None,
+    next_start: int | None = None,
 ) -> SegmentPlan:
     """Plan the segment that starts at ``step`` in ``window``.
 
@@ -86,6 +89,7 @@ def plan_segment(
         stream_end: length of the stream, or ``None`` while unknown (a carried stream whose epoch length is
             unknown, before its last batch).
         recompute: in recomputation mode, the most steps a rebuilt segment may have; ``None`` otherwise.
+        next_start: the first step after ``step`` where some column starts a new sequence, or ``None``.
 
     Returns:
         The segment's :class:`SegmentPlan`.
@@ -107,6 +111,8 @@ def plan_segment(
     end = min(source.boundary(window, step, stream_end), batch_end)
     if recompute is not None:  # segments of at most `recompute` steps bound the rebuilt graph
         end = min(end, step + recompute)
+    if next_start is not None:  # the reset before a sequence's first step falls between two model calls
+        end = min(end, next_start)
     # The cut only moves forward as a window grows, so while the window's end is unknown, the cut of the
     # window cut short at the batch's end bounds it from below.
     lowest_cut = source.cut(window.start, window_end if window_end is not None else batch_end)

@@ -43,6 +43,7 @@ class Replay:
         rng: the random state the forward pass started from.
         version: the weights it ran with (``None`` when no optimizer step can intervene, k2 <= k1).
         hidden_grad: whether a backward pass may carry gradient into the input hidden state.
+        starts: the columns that start a sequence at the segment's first step, shape ``(B,)``, or ``None``.
     """
 
     x: torch.Tensor
@@ -50,6 +51,7 @@ class Replay:
     rng: rng.RNGState
     version: WeightVersion | None
     hidden_grad: bool
+    starts: torch.Tensor | None = None
 
 
 @dataclass(eq=False)
@@ -175,7 +177,7 @@ class RetainedHistory:
         """
         hidden_in, inputs = (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_grad)
         with rng.replayed(replay.rng, replay.x.device):
-            y_pred, hidden_out = self.model_call(replay.x, hidden_in, keep_weights)
+            y_pred, hidden_out = self.model_call(replay.x, hidden_in, keep_weights, replay.starts)
         return inputs, y_pred, hidden_out
 
     @contextmanager
@@ -216,6 +218,7 @@ class RetainedHistory:
                     "x": replay.x,
                     "hidden": hs.detached(replay.hidden),
                     "hidden_requires_grad": replay.hidden_grad,
+                    "starts": replay.starts,
                     "rng": replay.rng,
                     "version": next((i for i, v in enumerate(versions) if v is replay.version), None),
                     "y_grad": segment.y_grad,
@@ -248,7 +251,9 @@ class RetainedHistory:
                 load_weights(params, state["weights"][saved["version"]])
                 loaded = saved["version"]
             version = self.versions.current if self.versions is not None else None
-            replay = Replay(saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"])
+            replay = Replay(
+                saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"], saved.get("starts")
+            )
             segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], replay)
             if not self.recompute:  # recomputation mode rebuilds graphs in the sweep anyway
                 segment.inputs, y_pred, hidden_out = self.replay(replay, keep_weights=self.versions is not None)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from ignite.engine import Engine, _prepare_batch
+from ignite.engine import Engine
 
 from .checks import callable_or_none, positive_int
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
@@ -15,6 +15,8 @@ from .forward import ModelCall, autocast_for, default_model_fn, device_type_of
 from .loop import TBPTTStep
 from .optimizer_step import OptimizerStep
 from .schedule import Schedule
+from .starts import default_reset_hidden
+from .starts import prepare_batch as default_prepare_batch
 from .versions import ParameterVersions
 
 __all__ = ["create_tbptt_trainer", "tbptt_training_step", "TBPTTStep", "default_model_fn"]
@@ -34,11 +36,12 @@ def tbptt_training_step(
     autocast_dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     non_blocking: bool = False,
-    prepare_batch: Callable = _prepare_batch,
+    prepare_batch: Callable = default_prepare_batch,
     model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
     output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None = None,
     target_count_fn: Callable[[Any, Any], int] | None = None,
     recompute: int | None = None,
+    reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
 ) -> TBPTTStep:
     """Factory of the TBPTT(k1, k2) process function; :func:`create_tbptt_trainer` documents the arguments.
 
@@ -75,6 +78,7 @@ def tbptt_training_step(
         ("model_fn", model_fn),
         ("output_transform", output_transform),
         ("target_count_fn", target_count_fn),
+        ("reset_hidden", reset_hidden),
     ):
         callable_or_none(name, fn)
     if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
@@ -87,7 +91,7 @@ def tbptt_training_step(
         model,
         loss_fn,
         source,
-        model_call=ModelCall(model, model_fn, autocast_for(device_type, autocast_dtype), versions),
+        model_call=ModelCall(model, model_fn, autocast_for(device_type, autocast_dtype), versions, reset_hidden),
         optimizer_step=optimizer_step,
         time_dim=time_dim,
         carry_hidden=bool(carry_hidden),
@@ -144,11 +148,12 @@ def create_tbptt_trainer(
     autocast_dtype: torch.dtype | None = None,
     device: str | torch.device | None = None,
     non_blocking: bool = False,
-    prepare_batch: Callable = _prepare_batch,
+    prepare_batch: Callable = default_prepare_batch,
     model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
     output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None = None,
     target_count_fn: Callable[[Any, Any], int] | None = None,
     recompute: int | None = None,
+    reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
     deterministic: bool = False,
 ) -> Engine:
     """Create an ignite trainer that runs truncated backpropagation through time, TBPTT(k1, k2).
@@ -195,8 +200,14 @@ def create_tbptt_trainer(
             ``torch.bfloat16``, which also works on CPU; ``torch.float16`` with a scaler on CUDA).
         device: device to move batches to; the model is not moved (as in ignite).
         non_blocking: passed to ``prepare_batch`` for asynchronous host-to-device copies.
-        prepare_batch: ``prepare_batch(batch, device, non_blocking) -> (x, y)``, ignite's signature. ``x`` and
-            ``y`` are tensors with the same length along ``time_dim``.
+        prepare_batch: ``prepare_batch(batch, device, non_blocking) -> (x, y)`` or ``(x, y, starts)``, ignite's
+            signature; the default moves each to ``device``. ``x`` and ``y`` are tensors with the same length
+            along ``time_dim``. ``starts``, a bool tensor of shape ``(T, B)`` (``(B, T)`` with ``time_dim=1``),
+            marks where a new sequence starts in a column of a stream of many sequences: the column's hidden
+            state is reset before that step (``reset_hidden``) and no gradient flows back past it (SPEC.md,
+            "Sequence starts"; :func:`~ignite_tbptt.data.pack_sequences` lays out such batches). The model is
+            called once more per step where some column starts; a batch with ``starts`` costs one read of
+            where they are from the device.
         model_fn: ``model_fn(model, x, hidden) -> (y_pred, hidden)`` with ``hidden`` None for a stream's
             first segment; default ``model(x)`` then, ``model(x, hidden)`` after, as in ignite's trainer.
         output_transform: ``output_transform(x, y, y_pred, loss)``, ignite's signature, where ``y_pred`` is the
@@ -212,6 +223,11 @@ def create_tbptt_trainer(
             with the weights it first ran with, just before backpropagating through it. The gradients are the
             same (dropout included); activation memory is that of one segment instead of the retained
             history, for one extra forward pass per backward traversal. Default ``None``: off.
+        reset_hidden: ``reset_hidden(hidden, starts) -> hidden`` with ``starts`` of shape ``(B,)``: the hidden
+            state with the starting columns replaced by the initial state, in a way that passes no gradient
+            to their old values (e.g. ``masked_fill``, or ``torch.where``). The default,
+            :func:`~ignite_tbptt.starts.default_reset_hidden`, zeroes dimension 1 of 3-D tensors (``nn.RNN``,
+            ``nn.GRU``, ``nn.LSTM`` states) and dimension 0 of 2-D ones (cells' ``(B, H)`` states).
         deterministic: use ignite's ``DeterministicEngine``.
 
     Returns:
@@ -245,9 +261,10 @@ def create_tbptt_trainer(
             if ``prepare_batch`` does not return tensors or ``model_fn`` does not return ``(y_pred, hidden)``.
         ValueError: if ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` is not positive, or
             ``optimizer`` holds none of ``model``'s parameters. During a run, if ``time_dim`` is out of range,
-            ``x`` and ``y`` differ in length along it, a batch is empty, the hidden state changes shape between
-            segments, or (with ``carry_hidden=True``) a batch has another number of parallel streams than the
-            epoch's first.
+            ``x`` and ``y`` differ in length along it, a batch is empty, ``starts`` has the wrong shape (a
+            TypeError if it is not a bool tensor), the default ``reset_hidden`` cannot reset the hidden state,
+            the hidden state changes shape between segments, or (with ``carry_hidden=True``) a batch has
+            another number of parallel streams than the epoch's first.
             Batch errors are raised before the batch changes anything.
         FloatingPointError: without a ``scaler``, when an optimizer step's gradients hold inf or NaN; the
             step is not taken, so the parameters keep their last finite values. With a ``scaler`` such a step
@@ -297,6 +314,7 @@ def create_tbptt_trainer(
         output_transform=output_transform,
         target_count_fn=target_count_fn,
         recompute=recompute,
+        reset_hidden=reset_hidden,
     )
     engine = DeterministicTBPTTEngine(step) if deterministic else TBPTTEngine(step)
     if step.scaler is not None:

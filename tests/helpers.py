@@ -1,10 +1,13 @@
 """Helpers shared by the tests: data, optimizers, comparisons and a model that records its calls."""
 
+import copy
 import itertools
 
 import torch
 
-from .reference import Net
+from ignite_tbptt import create_tbptt_trainer
+
+from .reference import Net, cross_entropy, reference_train
 
 
 def make_batches(lengths, batch=3, n_in=3, n_out=4, time_dim=0, seed=0):
@@ -60,3 +63,59 @@ class RecordingNet(Net):
         """Stream positions (counted over all calls) of the calls that started from a fresh hidden state."""
         starts = itertools.accumulate([0] + [n for n, _ in self.calls])
         return [position for position, (_, fresh) in zip(starts, self.calls) if fresh]
+
+
+def compare_with_reference(
+    k1,
+    k2,
+    *,
+    carry_hidden,
+    accumulation=1,
+    cell="lstm",
+    time_dim=0,
+    lengths=(7, 12, 5),
+    epochs=2,
+    net=Net,
+    data=None,
+    starts=None,
+    **options,
+):
+    """Train ``net`` with the trainer and with the brute-force reference on the same batches; same parameters.
+
+    ``starts(batches)`` adds sequence starts to the batches; ``data(batches)`` wraps what the trainer runs on.
+    A ``reset_hidden`` option goes to both.
+    """
+    torch.manual_seed(0)
+    model = net(cell, batch_first=time_dim == 1).double()
+    initial, ref = copy.deepcopy(model), copy.deepcopy(model)
+    batches = make_batches(lengths, time_dim=time_dim)
+    batches = batches if starts is None else starts(batches)
+    trainer = create_tbptt_trainer(
+        model,
+        sgd(model),
+        cross_entropy,
+        k1,
+        k2,
+        time_dim=time_dim,
+        carry_hidden=carry_hidden,
+        gradient_accumulation_steps=accumulation,
+        **options,
+    )
+    trainer.run(batches if data is None else data(batches), max_epochs=epochs)
+    reset = {"reset_hidden": options["reset_hidden"]} if "reset_hidden" in options else {}
+    reference_train(
+        ref,
+        sgd(ref),
+        cross_entropy,
+        batches,
+        k1,
+        k2,
+        carry_hidden=carry_hidden,
+        accumulation=accumulation,
+        epochs=epochs,
+        time_dim=time_dim,
+        **reset,
+    )
+    assert_trained(ref, initial)
+    assert_same_parameters(model, ref)
+    return trainer

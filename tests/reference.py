@@ -3,6 +3,7 @@
 Nothing here shares code with the package: the forward pass runs one step at a time, recording the
 parameters each step used; each window's gradient is computed by rebuilding, for every step's loss, the
 computation from that step's cut one step at a time with per-step copies of the recorded parameters.
+Sequence starts replace a column's hidden state before every flagged step, inside that rebuilt computation.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from torch.func import functional_call
 class Net(nn.Module):
     """Linear input, a recurrent layer, linear head; returns ``(y_pred, hidden)`` like ignite expects."""
 
-    def __init__(self, cell="lstm", batch_first=False, n_in=3, n_hidden=5, n_out=4, dropout=0.0):
+    def __init__(self, cell="lstm", batch_first=False, n_in=3, n_hidden=5, n_out=4, dropout=0.0, layers=1):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         rnn = {"lstm": nn.LSTM, "gru": nn.GRU, "rnn": nn.RNN}[cell]
         self.inp = nn.Linear(n_in, n_in)
-        self.rnn = rnn(n_in, n_hidden, batch_first=batch_first)
+        self.rnn = rnn(n_in, n_hidden, batch_first=batch_first, num_layers=layers)
         self.head = nn.Linear(n_hidden, n_out)
 
     def forward(self, x, hidden=None):
@@ -34,6 +35,16 @@ class DictNet(Net):
     def forward(self, x, hidden=None):
         y, (h, c) = super().forward(x, None if hidden is None else (hidden["h"], hidden["c"]))
         return y, {"h": h, "c": c}
+
+
+def zero_columns(hidden, starts):
+    """The reference's reset: zeros where ``starts`` (``(B,)``) is True, for ``(L, B, H)`` and ``(B, H)`` tensors."""
+    if isinstance(hidden, dict):
+        return {key: zero_columns(value, starts) for key, value in hidden.items()}
+    if isinstance(hidden, (tuple, list)):
+        return type(hidden)(zero_columns(value, starts) for value in hidden)
+    mask = starts[None, :, None] if hidden.dim() == 3 else starts[:, None]
+    return torch.where(mask, torch.zeros_like(hidden), hidden)
 
 
 def cross_entropy(y_pred, y):
@@ -59,8 +70,9 @@ def reference_train(
     accumulation: int = 1,
     epochs: int = 1,
     time_dim: int = 0,
+    reset_hidden=zero_columns,
 ) -> None:
-    """Train ``model`` in place with brute-force TBPTT(k1, k2) on ``batches`` of ``(x, y)``."""
+    """Train ``model`` in place with brute-force TBPTT(k1, k2) on ``batches`` of ``(x, y)`` or ``(x, y, starts)``."""
     names = [name for name, _ in model.named_parameters()]
 
     def call(params, x, hidden):
@@ -70,8 +82,23 @@ def reference_train(
     def step_of(t, v):
         return t.narrow(time_dim, v, 1)
 
+    def entering(hidden, starts, v):
+        """The hidden state step ``v`` runs from: ``hidden`` with the columns starting at ``v`` reset."""
+        if hidden is None or starts is None:
+            return hidden
+        flags = starts[v] if time_dim == 0 else starts[:, v]
+        return reset_hidden(hidden, flags) if bool(flags.any()) else hidden
+
+    batches = [(*batch, None) if len(batch) == 2 else tuple(batch) for batch in batches]
     for _ in range(epochs):
-        streams = [tuple(torch.cat(parts, dim=time_dim) for parts in zip(*batches))] if carry_hidden else batches
+        if carry_hidden:
+            x, y, starts = zip(*batches)
+            no_starts = all(s is None for s in starts)
+            starts = [torch.zeros(b.shape[:2], dtype=torch.bool) if s is None else s for b, s in zip(y, starts)]
+            joined = None if no_starts else torch.cat(starts, time_dim)
+            streams = [(torch.cat(x, time_dim), torch.cat(y, time_dim), joined)]
+        else:
+            streams = batches
         total = {name: None for name in names}
         group_windows = group_targets = 0
 
@@ -84,7 +111,7 @@ def reference_train(
             total = {name: None for name in names}
             group_windows = group_targets = 0
 
-        for x, y in streams:
+        for x, y, starts in streams:
             length = x.shape[time_dim]
             hiddens = [None]  # hiddens[t]: the hidden state entering step t
             params_at = []  # params_at[t]: the parameters step t was computed with
@@ -92,7 +119,7 @@ def reference_train(
             for t in range(length):
                 params_at.append({name: p.detach().clone() for name, p in model.named_parameters()})
                 with torch.no_grad():
-                    _, h = call(params_at[t], step_of(x, t), hiddens[t])
+                    _, h = call(params_at[t], step_of(x, t), entering(hiddens[t], starts, t))
                 hiddens.append(h)
                 end = t + 1
                 if end - start < k1 and end < length:
@@ -106,7 +133,7 @@ def reference_train(
                     ]
                     h = hiddens[first]
                     for v, params in zip(range(first, u + 1), copies):
-                        y_pred, h = call(params, step_of(x, v), h)
+                        y_pred, h = call(params, step_of(x, v), entering(h, starts, v))
                     y_u = step_of(y, u)
                     loss = loss_fn(y_pred, y_u) * y_u.numel()
                     leaves = [params[name] for params in copies for name in names]

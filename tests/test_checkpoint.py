@@ -11,7 +11,7 @@ from .reference import Net, cross_entropy
 DROPOUT = 0.3  # dropout makes the rebuilt history depend on replaying the random state
 
 
-def build(k1, k2, accumulation, scaler):
+def build(k1, k2, accumulation, scaler, **options):
     model = Net(n_hidden=8, dropout=DROPOUT)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
     trainer = create_tbptt_trainer(
@@ -24,6 +24,7 @@ def build(k1, k2, accumulation, scaler):
         gradient_accumulation_steps=accumulation,
         scaler=torch.amp.GradScaler("cpu", init_scale=2.0**8) if scaler else False,
         deterministic=True,
+        **options,
     )
     return model, optimizer, trainer
 
@@ -31,6 +32,9 @@ def build(k1, k2, accumulation, scaler):
 # 44 steps in 5 batches per epoch; iteration 7 is the second batch of epoch 2, where windows and accumulated
 # windows are left open and, for k2 > k1, history from before the last optimizer steps is retained.
 BATCHES = [(x.float(), y) for x, y in make_batches([7, 12, 5, 9, 11])]
+_starts = torch.rand(44, 3, generator=torch.Generator().manual_seed(3)) < 0.15
+_starts[[15, 16, 17, 18], [0, 1, 2, 0]] = True  # in the history retained when iteration 7 (steps 12-18) ends
+WITH_STARTS = [(x, y, s) for (x, y), s in zip(BATCHES, _starts.split([7, 12, 5, 9, 11]))]
 
 
 @pytest.mark.parametrize(
@@ -48,26 +52,32 @@ def test_a_checkpoint_written_before_window_sources_resumes_bit_identically(tmp_
     resume_and_compare(tmp_path, 3, 7, 2, False, 7, edit=lambda state: state["trainer"]["tbptt"].pop("source"))
 
 
-def resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at, edit=None):
+@pytest.mark.parametrize("recompute", [None, 2], ids=["retained", "recompute"])
+@pytest.mark.parametrize("k1,k2", [(3, 7), (4, 4), (5, 2)])
+def test_resuming_with_sequence_starts_is_bit_identical(tmp_path, k1, k2, recompute):
+    resume_and_compare(tmp_path, k1, k2, 2, False, 7, batches=WITH_STARTS, recompute=recompute)
+
+
+def resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at, edit=None, batches=BATCHES, **options):
     torch.manual_seed(0)
-    model, _, trainer = build(k1, k2, accumulation, scaler)
-    trainer.run(BATCHES, max_epochs=3)
+    model, _, trainer = build(k1, k2, accumulation, scaler, **options)
+    trainer.run(batches, max_epochs=3)
     uninterrupted = [p.detach().clone() for p in model.parameters()]
 
     torch.manual_seed(0)
-    model, optimizer, trainer = build(k1, k2, accumulation, scaler)
+    model, optimizer, trainer = build(k1, k2, accumulation, scaler, **options)
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
     saver = Checkpoint(to_save, DiskSaver(tmp_path, require_empty=False), n_saved=None)
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), saver)
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
-    trainer.run(BATCHES, max_epochs=3)
+    trainer.run(batches, max_epochs=3)
     assert trainer.tbptt.history.segments or k2 <= k1  # there is retained history to rebuild
     torch.save(trainer.tbptt.state_dict(), tmp_path / "stream.pt")
     torch.load(tmp_path / "stream.pt", weights_only=True)  # the stream state is plain tensors and numbers
 
     # A new process, set up as ignite's DeterministicEngine expects: same seed, then load the checkpoint.
     torch.manual_seed(0)
-    model, optimizer, trainer = build(k1, k2, accumulation, scaler)
+    model, optimizer, trainer = build(k1, k2, accumulation, scaler, **options)
     with torch.no_grad():
         for p in model.parameters():
             p.zero_()  # whatever is trained from here comes from the checkpoint
@@ -77,7 +87,7 @@ def resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at, edit=Non
     if edit is not None:
         edit(checkpoint)
     Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, checkpoint)
-    trainer.run(BATCHES, max_epochs=3)
+    trainer.run(batches, max_epochs=3)
 
     for p, q in zip(model.parameters(), uninterrupted):
         assert torch.equal(p, q)

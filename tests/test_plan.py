@@ -17,10 +17,11 @@ def spec_windows(k1, k2, length):
     return [(a, min(a + k1, length), spec_cut(k1, k2, a, min(a + k1, length))) for a in range(0, length, k1)]
 
 
-def plan_stream(k1, k2, lengths, known, recompute):
+def plan_stream(k1, k2, lengths, known, recompute, starts=()):
     """Plan a carried stream cut into batches of ``lengths`` as the trainer's loop does, window by window.
 
     The stream's end is known in its last batch when the epoch's length is (``known``), else only after it.
+    ``starts``: the steps where some column starts a sequence.
     """
     source = Schedule(k1, k2)
     plans, windows = [], []
@@ -30,7 +31,8 @@ def plan_stream(k1, k2, lengths, known, recompute):
         stream_end = batch_end if known and i == len(bounds) - 1 else None
         while position < batch_end:
             window = window or source.window(position)
-            plan = plan_segment(source, window, position, batch_end, stream_end, recompute)
+            next_start = min((t for t in starts if t > position), default=None)
+            plan = plan_segment(source, window, position, batch_end, stream_end, recompute, next_start)
             assert plan.start == position < plan.end <= batch_end
             plans.append((plan, window.start))
             position = plan.end
@@ -48,23 +50,25 @@ stream = dict(
     lengths=st.lists(st.integers(1, 12), min_size=1, max_size=4),
     known=st.booleans(),
     recompute=st.one_of(st.none(), st.integers(1, 4)),
+    starts=st.one_of(st.just(()), st.sets(st.integers(0, 48), max_size=12)),
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(**stream)
-def test_windows_tile_the_stream_as_the_spec_says(k1, k2, lengths, known, recompute):
-    _, windows = plan_stream(k1, k2, lengths, known, recompute)
+def test_windows_tile_the_stream_as_the_spec_says(k1, k2, lengths, known, recompute, starts):
+    _, windows = plan_stream(k1, k2, lengths, known, recompute, starts)
     assert windows == [(a, b) for a, b, _ in spec_windows(k1, k2, sum(lengths))]
 
 
 @settings(max_examples=300, deadline=None)
 @given(**stream)
-def test_no_segment_straddles_a_window_end_a_cut_or_a_batch_end(k1, k2, lengths, known, recompute):
+def test_no_segment_straddles_a_window_end_a_cut_a_batch_end_or_a_start(k1, k2, lengths, known, recompute, starts):
     length = sum(lengths)
-    plans, _ = plan_stream(k1, k2, lengths, known, recompute)
+    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts)
     forbidden = {b for _, b, _ in spec_windows(k1, k2, length)} | {c for *_, c in spec_windows(k1, k2, length)}
-    forbidden |= set(itertools.accumulate(lengths))
+    forbidden |= set(itertools.accumulate(lengths)) | set(starts)
+    assert {t for t in starts if t < length} <= {plan.start for plan, _ in plans}  # each reset opens a call
     for plan, window_start in plans:
         assert not any(plan.start < f < plan.end for f in forbidden), plan
         assert window_start <= plan.start and plan.end <= window_start + k1
@@ -74,10 +78,10 @@ def test_no_segment_straddles_a_window_end_a_cut_or_a_batch_end(k1, k2, lengths,
 
 @settings(max_examples=300, deadline=None)
 @given(**stream)
-def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths, known, recompute):
+def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths, known, recompute, starts):
     length = sum(lengths)
     windows = spec_windows(k1, k2, length)
-    plans, _ = plan_stream(k1, k2, lengths, known, recompute)
+    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts)
     for plan, window_start in plans:
         w = window_start // k1
         start, end, cut = windows[w]
@@ -95,6 +99,7 @@ def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths
         assert plan.keep_weights == (plan.reached_later and recompute is None)
         assert not plan.reached_later or spec_cut(k1, k2, start + k1, start + 2 * k1) <= plan.start
         # Paid at once only if nothing later needs it: before the cut, or closing its window unreached.
+        # (A start does not change this: the reset cuts only some columns, the others still need the graph.)
         if plan.backward_now and not plan.own_loss_only:
             assert plan.closes_window and not later_reach and recompute is None
         assert plan.recompute == (recompute is not None and not plan.own_loss_only)

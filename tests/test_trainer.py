@@ -8,56 +8,16 @@ from ignite.engine import Events
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 
-from .helpers import NoLength, RecordingNet, assert_same_parameters, assert_trained, make_batches, sgd
-from .reference import DictNet, Net, cross_entropy, reference_train
-
-
-def compare_with_reference(
-    k1,
-    k2,
-    *,
-    carry_hidden,
-    accumulation=1,
-    cell="lstm",
-    time_dim=0,
-    lengths=(7, 12, 5),
-    epochs=2,
-    net=Net,
-    data=None,
-    **options,
-):
-    torch.manual_seed(0)
-    model = net(cell, batch_first=time_dim == 1).double()
-    initial, ref = copy.deepcopy(model), copy.deepcopy(model)
-    batches = make_batches(lengths, time_dim=time_dim)
-    trainer = create_tbptt_trainer(
-        model,
-        sgd(model),
-        cross_entropy,
-        k1,
-        k2,
-        time_dim=time_dim,
-        carry_hidden=carry_hidden,
-        gradient_accumulation_steps=accumulation,
-        **options,
-    )
-    trainer.run(batches if data is None else data(batches), max_epochs=epochs)
-    reference_train(
-        ref,
-        sgd(ref),
-        cross_entropy,
-        batches,
-        k1,
-        k2,
-        carry_hidden=carry_hidden,
-        accumulation=accumulation,
-        epochs=epochs,
-        time_dim=time_dim,
-    )
-    assert_trained(ref, initial)
-    assert_same_parameters(model, ref)
-    return trainer
-
+from .helpers import (
+    NoLength,
+    RecordingNet,
+    assert_same_parameters,
+    assert_trained,
+    compare_with_reference,
+    make_batches,
+    sgd,
+)
+from .reference import DictNet, Net, cross_entropy
 
 K_PAIRS = [(4, 4), (3, 7), (4, 6), (2, 8), (1, 3), (5, 2), (6, 1)]
 

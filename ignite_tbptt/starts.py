@@ -1,0 +1,157 @@
+"""Sequence starts inside a stream's columns: batches ``(x, y, starts)`` and the hidden-state reset.
+
+A stream of many sequences (documents, episodes, recordings) is laid out in parallel columns, each column a
+queue of sequences (:func:`~ignite_tbptt.data.pack_sequences`). ``starts[t, b]`` True says that a new sequence
+starts at step ``t`` of column ``b``: the column's hidden state is reset before that step, and no gradient flows
+from that step on back into the column's previous sequence (SPEC.md, "Sequence starts"). The trainer ends a
+segment at every step where some column starts, so that each reset falls between two model calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from ignite.utils import convert_tensor
+from torch.utils import _pytree as pytree
+
+from . import hidden as hs
+
+__all__ = [
+    "prepare_batch",
+    "split_batch",
+    "check_starts",
+    "start_steps",
+    "starts_at",
+    "check_resettable",
+    "default_reset_hidden",
+]
+
+
+def prepare_batch(
+    batch: Sequence[Any], device: str | torch.device | None = None, non_blocking: bool = False
+) -> tuple[Any, ...]:
+    """Move a batch ``(x, y)`` or ``(x, y, starts)`` to ``device``: ignite's ``_prepare_batch``, with ``starts``.
+
+    Raises:
+        ValueError: if the batch has neither two nor three elements.
+    """
+    if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+        raise ValueError(
+            f"a batch must be (x, y) or (x, y, starts), got {type(batch).__name__} of "
+            f"{len(batch) if isinstance(batch, (tuple, list)) else 'unknown'} elements; pass prepare_batch to adapt it."
+        )
+    return tuple(convert_tensor(t, device=device, non_blocking=non_blocking) for t in batch)
+
+
+def split_batch(prepared: Any) -> tuple[Any, Any, Any]:
+    """``(x, y, starts)`` from what ``prepare_batch`` returned, ``starts`` None for a pair.
+
+    Raises:
+        TypeError: if ``prepared`` is neither a pair nor a triple.
+    """
+    if isinstance(prepared, (tuple, list)) and len(prepared) in (2, 3):
+        return prepared[0], prepared[1], prepared[2] if len(prepared) == 3 else None
+    raise TypeError(f"prepare_batch must return (x, y) or (x, y, starts), got {type(prepared).__name__}.")
+
+
+def check_starts(starts: Any, x: torch.Tensor, time_dim: int) -> int:
+    """Check that ``starts`` is a bool tensor over ``x``'s time and batch dimensions.
+
+    ``starts`` has shape ``(T, B)`` when ``x`` is ``(T, B, *)`` (``time_dim=0``) and ``(B, T)`` when ``x`` is
+    ``(B, T, *)`` (``time_dim=1``).
+
+    Returns:
+        The time dimension of ``starts``: 0 or 1.
+
+    Raises:
+        TypeError: if ``starts`` is not a bool tensor.
+        ValueError: if ``x`` has no batch dimension or ``starts`` has the wrong shape.
+    """
+    if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
+        what = starts.dtype if isinstance(starts, torch.Tensor) else type(starts).__name__
+        raise TypeError(f"starts must be a bool tensor (True where a sequence starts), got {what}.")
+    if x.dim() < 2:
+        raise ValueError(f"starts needs x with time and batch dimensions, got x of shape {tuple(x.shape)}.")
+    time_first = time_dim % x.dim() == 0
+    t, b = (x.shape[0], x.shape[1]) if time_first else (x.shape[time_dim], x.shape[0])
+    expected = (t, b) if time_first else (b, t)
+    if tuple(starts.shape) != expected:
+        layout = "(T, B)" if time_first else "(B, T)"
+        raise ValueError(
+            f"starts must have shape {layout} = {expected} to match x of shape {tuple(x.shape)} with "
+            f"time_dim={time_dim}, got {tuple(starts.shape)}."
+        )
+    return 0 if time_first else 1
+
+
+def start_steps(starts: torch.Tensor, axis: int) -> list[int]:
+    """The steps of the batch where some column starts a sequence, ascending (one read from the device).
+
+    Args:
+        starts: the batch's starts.
+        axis: the time dimension of ``starts``, as :func:`check_starts` returns it.
+    """
+    return torch.nonzero(starts.any(dim=1 - axis)).flatten().tolist()
+
+
+def starts_at(starts: torch.Tensor, step: int, axis: int) -> torch.Tensor:
+    """The columns that start a sequence at ``step`` of the batch, shape ``(B,)``; ``axis``: starts' time dim."""
+    return starts.select(axis, step)
+
+
+def _batch_dim(t: torch.Tensor, batch: int) -> int:
+    if t.dim() == 3 and t.shape[1] == batch:
+        return 1
+    if t.dim() == 2 and t.shape[0] == batch:
+        return 0
+    raise ValueError(
+        f"the default reset_hidden zeroes columns of (layers * directions, B, H) and (B, H) hidden tensors, with "
+        f"B = {batch}, but the hidden state holds a tensor of shape {tuple(t.shape)}. Pass "
+        "reset_hidden=fn, fn(hidden, starts) -> hidden with starts of shape (B,), to reset it."
+    )
+
+
+def check_resettable(hidden: Any, batch: int) -> None:
+    """Check, from shapes alone, that :func:`default_reset_hidden` can reset ``hidden`` of ``batch`` columns.
+
+    Raises:
+        ValueError: if a tensor of ``hidden`` is neither 3-D with ``batch`` in dimension 1 nor 2-D with ``batch``
+            in dimension 0.
+    """
+    for t in hs.flatten(hidden):
+        _batch_dim(t, batch)
+
+
+def default_reset_hidden(hidden: Any, starts: torch.Tensor) -> Any:
+    """Zero the hidden state of the columns where a sequence starts; the default ``reset_hidden``.
+
+    Every tensor of the hidden tree is reset in its batch dimension: dimension 1 of 3-D tensors (the
+    ``(num_layers * num_directions, B, H)`` state of ``nn.RNN``, ``nn.GRU`` and ``nn.LSTM``, ``batch_first`` or
+    not) and dimension 0 of 2-D ones (the ``(B, H)`` state of a cell). Zeros are the initial state those modules
+    start from when called without one. ``masked_fill`` both replaces the values (NaN included) and gives the
+    replaced entries a zero gradient, so no gradient flows into the columns' previous sequences.
+
+    Args:
+        hidden: the hidden state, a tensor or a tree of tensors.
+        starts: bool tensor of shape ``(B,)``, True for the columns to reset.
+
+    Returns:
+        The hidden state with the starting columns zeroed; the other columns are the same values.
+
+    Raises:
+        ValueError: if a tensor of ``hidden`` has another shape (pass ``reset_hidden`` for such states).
+
+    Examples:
+        >>> h = torch.ones(1, 3, 2)  # (layers, B, H)
+        >>> default_reset_hidden(h, torch.tensor([False, True, False]))[0, :, 0].tolist()
+        [1.0, 0.0, 1.0]
+    """
+    batch = starts.shape[0]
+
+    def reset(t: torch.Tensor) -> torch.Tensor:
+        dim = _batch_dim(t, batch)
+        return t.masked_fill(starts.view(1, -1, 1) if dim == 1 else starts.view(-1, 1), 0)
+
+    return pytree.tree_map_only(torch.Tensor, reset, hidden)
