@@ -1,10 +1,16 @@
-"""Cut one long token sequence into the batches of a ``carry_hidden=True`` stream."""
+"""Batches of ``carry_hidden=True`` streams: one long token sequence, or many sequences packed into columns."""
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Iterable, Iterator, Sized
+from typing import Any
+
 import torch
 
-__all__ = ["stream_batches"]
+from .checks import positive_int
+
+__all__ = ["stream_batches", "pack_sequences", "PackedSequences"]
 
 
 def stream_batches(tokens: torch.Tensor, batch_size: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -43,3 +49,196 @@ def stream_batches(tokens: torch.Tensor, batch_size: int, length: int) -> list[t
     columns = tokens[: steps * batch_size].view(batch_size, steps).t()  # (steps, B)
     starts = range(0, steps - 1, length)
     return [(columns[i : min(i + length, steps - 1)], columns[i + 1 : i + 1 + length]) for i in starts]
+
+
+def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: int, **options: Any) -> PackedSequences:
+    """Pack variable-length token sequences into ``batch_size`` columns of ``(x, y, starts)`` batches.
+
+    Each column is a queue: the next sequence goes to the column that frees first (the lowest column on a
+    tie), and starts at the step after that column's previous sequence ends, with ``starts`` True there.
+    The trainer (``create_tbptt_trainer(..., carry_hidden=True)``) then carries the hidden state along a
+    column and resets it where a sequence starts, so no state and no gradient cross from one sequence into
+    the next, while long sequences span as many batches as they need. ``y`` is ``x`` shifted one step ahead
+    within each sequence, as in :func:`stream_batches`: a sequence of ``n`` tokens gives ``n - 1`` steps.
+    Once the input is used up, columns are padded to the end of the last sequence: ``x`` with ``pad_value``
+    and ``y`` with ``ignore_index``, so that a loss with ``ignore_index`` (``nn.CrossEntropyLoss``'s default
+    is -100) and ``target_count_fn=lambda y_pred, y: (y != ignore_index).sum()`` give the exact mean over
+    real targets.
+
+    With ``drop_last=True`` the epoch ends instead at the first step where a column has no sequence left, so
+    every batch is full; the steps the sequences still running would have had are not used (as a
+    ``DataLoader`` drops its last incomplete batch). An optimizer step on the ragged end, where only a few
+    columns still hold a long sequence, can pull the model towards those few sequences.
+
+    Sequences are read lazily, only as far as the batch being built needs, so a corpus larger than memory
+    (e.g. a generator reading files) streams through; pass a re-iterable (a list, a ``Dataset``) to run
+    several epochs.
+
+    Args:
+        sequences: 1-D token tensors, shape ``(N_i,)``; shorter than two tokens are skipped. Indexable with a
+            length if ``shuffle`` is True.
+        batch_size: number of columns ``B``.
+        length: steps per batch ``T``; the last batch of an epoch may be shorter.
+        **options: keyword-only, as follows.
+        ignore_index: target value of the padding steps; default -100.
+        pad_value: input value of the padding steps; default 0.
+        shuffle: visit the sequences in a random order, drawn from ``seed`` and the epoch
+            (:meth:`PackedSequences.set_epoch`, as ``DistributedSampler``); default False.
+        seed: seed of the order when ``shuffle`` is True; default 0.
+        drop_last: end the epoch where the first column runs out of sequences instead of padding; default False.
+
+    Returns:
+        A :class:`PackedSequences`: iterating it yields ``(x, y, starts)`` with ``x`` and ``y`` of shape
+        ``(T, B)`` (``y`` of ``x``'s dtype) and ``starts`` bool of shape ``(T, B)``.
+
+    Raises:
+        TypeError: if ``batch_size`` or ``length`` is not an int, or ``shuffle`` is True for sequences that
+            have no length or cannot be indexed. While iterating, if a sequence is not a tensor.
+        ValueError: if ``batch_size`` or ``length`` is not positive. While iterating, if a sequence is not 1-D.
+
+    Examples:
+        >>> batches = pack_sequences([torch.arange(5), torch.arange(10, 13), torch.arange(20, 24)], 2, length=3)
+        >>> for x, y, starts in batches:
+        ...     print(x.t().tolist(), y.t().tolist(), starts.t().int().tolist())
+        [[0, 1, 2], [10, 11, 20]] [[1, 2, 3], [11, 12, 21]] [[1, 0, 0], [1, 0, 1]]
+        [[3, 0], [21, 22]] [[4, -100], [22, 23]] [[0, 0], [0, 0]]
+    """
+    return PackedSequences(sequences, batch_size, length, **options)
+
+
+class PackedSequences:
+    """The re-iterable batches of :func:`pack_sequences`; its arguments are documented there.
+
+    ``len()`` is the number of batches per epoch when ``sequences`` has a length (it reads every sequence's
+    length once). With ``shuffle`` it is the same for every order: enough for the longest packing any order
+    can give (Graham's list-scheduling bound: (total - longest) // B + longest steps), the columns being padded
+    to it, because ignite fixes an epoch's length when the run starts; with ``drop_last`` too, the fewest
+    steps any order keeps every column busy for (at least (total - (B - 1) * longest) / B), where it is cut.
+    """
+
+    def __init__(
+        self,
+        sequences: Iterable[torch.Tensor],
+        batch_size: int,
+        length: int,
+        *,
+        ignore_index: int = -100,
+        pad_value: int = 0,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
+        self.sequences = sequences
+        self.batch_size = positive_int("batch_size", batch_size, "columns")
+        self.length = positive_int("length", length, "steps per batch")
+        self.ignore_index, self.pad_value, self.shuffle, self.seed = ignore_index, pad_value, shuffle, seed
+        self.drop_last = drop_last
+        if shuffle and not (isinstance(sequences, Sized) and hasattr(sequences, "__getitem__")):
+            raise TypeError(
+                f"shuffle=True needs sequences with len() and indexing (a list, a Dataset), got "
+                f"{type(sequences).__name__}; shuffle it yourself or pass shuffle=False."
+            )
+        self.epoch = 0
+        self._steps: list[int] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose order ``shuffle`` draws (call it on ``Events.EPOCH_STARTED``)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return -(-self._epoch_steps() // self.length)
+
+    def _epoch_steps(self) -> int:
+        if not isinstance(self.sequences, Sized):
+            raise TypeError(f"the batches of {type(self.sequences).__name__} have no length; pass a list.")
+        if self._steps is None:
+            self._steps = [max(0, _checked(s, i).numel() - 1) for i, s in enumerate(self.sequences)]
+        steps = [n for n in self._steps if n]
+        if not steps:
+            return 0
+        columns, total, longest = self.batch_size, sum(steps), max(steps)
+        if self.shuffle and self.drop_last:
+            return max(0, -(-(total - (columns - 1) * longest) // columns))
+        if self.shuffle:
+            return (total - longest) // columns + longest
+        first_free, last_free = _column_ends(steps, columns)
+        return first_free if self.drop_last else last_free
+
+    def _order(self) -> Iterator[torch.Tensor]:
+        if not self.shuffle:
+            return iter(self.sequences)
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return (self.sequences[i] for i in torch.randperm(len(self.sequences), generator=generator).tolist())
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        # With shuffle, every order is padded to the same number of steps, the most any order can need.
+        steps = self._epoch_steps() if self.shuffle else None
+        return _pack(
+            self._order(), self.batch_size, self.length, self.ignore_index, self.pad_value, steps, self.drop_last
+        )
+
+
+def _checked(sequence: object, index: int) -> torch.Tensor:
+    if not isinstance(sequence, torch.Tensor):
+        raise TypeError(f"sequence {index} is a {type(sequence).__name__}; pack_sequences takes 1-D tensors.")
+    if sequence.dim() != 1:
+        raise ValueError(f"sequence {index} has shape {tuple(sequence.shape)}; pack_sequences takes 1-D tensors.")
+    return sequence
+
+
+def _column_ends(steps: list[int], columns: int) -> tuple[int, int]:
+    """The shortest and longest column when sequences of ``steps`` go, in order, to the column that frees first."""
+    free = [(0, b) for b in range(columns)]
+    for n in steps:
+        step, b = heapq.heappop(free)
+        heapq.heappush(free, (step + n, b))
+    return min(step for step, _ in free), max(step for step, _ in free)
+
+
+def _pack(
+    sequences: Iterator[torch.Tensor],
+    columns: int,
+    length: int,
+    ignore_index: int,
+    pad_value: int,
+    steps: int | None,
+    drop_last: bool,
+) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The packed batches.
+
+    Once the sequences are used up, the epoch ends at ``steps`` if given, else where the first column frees
+    (``drop_last``) or the last one does.
+    """
+    free = [(0, b) for b in range(columns)]  # (step where the column frees, column), a heap
+    placed: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(columns)]  # (first step, tokens)
+    source = ((i, _checked(s, i)) for i, s in enumerate(sequences))
+    exhausted, start, dtype = False, 0, None
+    while True:
+        end = start + length if steps is None else min(start + length, steps)
+        while not exhausted and free[0][0] < end:  # fill every column up to the batch's end
+            item = next(((i, s) for i, s in source if s.numel() >= 2), None)
+            if item is None:
+                exhausted = True
+                break
+            step, b = heapq.heappop(free)
+            placed[b].append((step, item[1]))
+            heapq.heappush(free, (step + item[1].numel() - 1, b))
+            dtype = item[1].dtype
+        if exhausted and steps is None:
+            steps = min(step for step, _ in free) if drop_last else max(step for step, _ in free)
+            end = min(end, steps)
+        if end <= start:
+            return
+        x = torch.full((end - start, columns), pad_value, dtype=dtype)
+        y = torch.full_like(x, ignore_index)
+        starts = torch.zeros(x.shape, dtype=torch.bool)
+        for b, column in enumerate(placed):
+            for first, tokens in column:
+                lo, hi = max(first, start), min(first + tokens.numel() - 1, end)
+                x[lo - start : hi - start, b] = tokens[lo - first : hi - first]
+                y[lo - start : hi - start, b] = tokens[lo - first + 1 : hi - first + 1]
+                if start <= first < end:
+                    starts[first - start, b] = True
+            placed[b] = [(first, tokens) for first, tokens in column if first + tokens.numel() - 1 > end]
+        yield x, y, starts
+        start = end

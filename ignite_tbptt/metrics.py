@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from ignite.metrics import Loss
+from ignite.metrics.metric import reinit__is_reduced
 
 __all__ = ["BitsPerTarget", "Perplexity"]
 
@@ -43,6 +45,13 @@ class BitsPerTarget(Loss):
         super().reset()
         if self._device.type != "mps":
             self._sum = self._sum.double()
+
+    @reinit__is_reduced
+    def update(self, output: Sequence[Any]) -> None:
+        """Add a batch's ``(y_pred, y)``; a batch with no targets (all padding) adds nothing, not its NaN mean."""
+        if self._batch_size(output[1]) == 0:
+            return
+        super().update(output)
 
     def compute(self) -> float:
         """The mean loss per target, in bits."""

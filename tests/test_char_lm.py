@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ignite_tbptt.examples import char_lm
@@ -11,10 +12,11 @@ pytestmark = pytest.mark.slow  # trains the main job's model in subprocesses
 
 
 SMALL = ["--max-chars", "40000", "--hidden", "64", "--embedding", "16", "--seq-len", "50", "--batch-size", "8"]
+STREAM = [*SMALL, "--layout", "stream"]
 
 
 def test_main_job_learns_and_logs_the_loss_curve_to_tensorboard(tmp_path):
-    history = char_lm.main([*SMALL, "--k1", "10", "--k2", "20", "--epochs", "2", "--logdir", str(tmp_path)])
+    history = char_lm.main([*STREAM, "--k1", "10", "--k2", "20", "--epochs", "2", "--logdir", str(tmp_path)])
 
     events = EventAccumulator(str(tmp_path))
     events.Reload()
@@ -33,6 +35,8 @@ def test_main_job_learns_and_logs_the_loss_curve_to_tensorboard(tmp_path):
 
 
 def test_stdlib_corpus_is_real_python_source():
+    documents = char_lm.stdlib_documents()
+    assert len(documents) > 30 and all(d.strip() for d in documents)
     text = char_lm.stdlib_corpus()
     assert len(text) > 500_000
     assert "def " in text and "import " in text
@@ -44,7 +48,7 @@ def test_module_runs_from_the_command_line_on_a_text_file(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400, encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "ignite_tbptt.examples.char_lm", *SMALL, "--text", str(corpus), "--k1", "8"]
+        [sys.executable, "-m", "ignite_tbptt.examples.char_lm", *STREAM, "--text", str(corpus), "--k1", "8"]
         + ["--k2", "12", "--epochs", "1", "--no-progress", "--logdir", str(tmp_path / "runs")],
         capture_output=True,
         text=True,
@@ -58,10 +62,27 @@ def test_module_runs_from_the_command_line_on_a_text_file(tmp_path):
 
 
 def test_resume_from_a_mid_epoch_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
-    args = [*SMALL, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--checkpoint-every", "40"]
+    args = [*STREAM, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--checkpoint-every", "40"]
     full = char_lm.main([*args, "--logdir", str(tmp_path / "full")])
     # 4,749 steps of 50 per epoch: 95 iterations; the last two checkpoints kept are 120 and 160, in epoch 2.
     checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint_120.pt"
     assert checkpoint.is_file()
     resumed = char_lm.main([*args, "--logdir", str(tmp_path / "resumed"), "--resume", str(checkpoint)])
     assert resumed["valid_bpc"] == [full["valid_bpc"][-1]]  # exactly: the same parameters
+
+
+def test_documents_are_packed_with_a_reset_at_each_start(tmp_path, capsys):
+    # Three files, each a document: a column resets its hidden state where the next one starts.
+    paths = []
+    for i, sentence in enumerate(["the quick brown fox. ", "jumps over the dog. ", "pack my box with jugs. "]):
+        paths.append(tmp_path / f"doc{i}.txt")
+        paths[-1].write_text(sentence * (60 + 40 * i), encoding="utf-8")
+    args = ["--text", *map(str, paths), "--batch-size", "2", "--seq-len", "40", "--hidden", "64", "--embedding", "16"]
+    args += ["--valid-fraction", "0.2", "--k1", "8", "--k2", "12", "--epochs", "2", "--no-progress"]
+    history = char_lm.main([*args, "--logdir", str(tmp_path / "runs")])
+    assert "in 3 documents" in capsys.readouterr().out  # the validation tail splits the last file in two
+    _, train, valid, _ = char_lm.load_data(char_lm.parse_args(args))
+    starts = torch.cat([s for _, _, s in train])
+    assert starts.sum() == 3 and starts[0].all()  # each training document starts once, two at step 0
+    assert all((y != char_lm.IGNORE).all() for _, y, _ in train)  # drop_last: no padding in training
+    assert history["valid_bpc"][1] < history["valid_bpc"][0] < 2.5

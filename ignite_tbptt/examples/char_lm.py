@@ -1,14 +1,18 @@
 """Character-level LSTM language model trained with TBPTT(k1, k2) on real text.
 
 The default corpus is source code every Python installation carries: a fixed, sorted list of modules of the
-standard library (about 1.2 MB). The text is one stream, laid out as ``--batch-size`` parallel columns; the
-last ``--valid-fraction`` of it is the validation stream. Training carries the hidden state across batches
-(``carry_hidden=True``) and, by default, lets every step's loss reach back at least ``k2 - k1`` steps.
+standard library (about 1.2 MB), each module a document. The last ``--valid-fraction`` of the characters is
+held out for validation. The documents are packed into ``--batch-size`` columns with
+:func:`~ignite_tbptt.data.pack_sequences`, longest first, so that the columns end close together: training
+carries the hidden state along a column across batches (``carry_hidden=True``) and resets it where a document
+starts, so that no module's state or gradient runs into the next one. By default every step's loss reaches
+back at least ``k2 - k1`` steps. ``--layout stream`` instead joins the documents into one text cut into
+``--batch-size`` contiguous columns (the classic language-model layout, :func:`~ignite_tbptt.data.stream_batches`).
 
 Run::
 
-    python -m ignite_tbptt.examples.char_lm                 # about two minutes on 2 CPU cores
-    python -m ignite_tbptt.examples.char_lm --text my.txt --k1 50 --k2 100 --epochs 5
+    python -m ignite_tbptt.examples.char_lm                 # about 70 seconds on 2 CPU cores
+    python -m ignite_tbptt.examples.char_lm --text a.txt b.txt --k1 50 --k2 100 --epochs 5
     tensorboard --logdir runs/
 
 It logs each window's training loss (nats per character), gradient norm, learning rate and throughput
@@ -27,6 +31,7 @@ import sys
 import sysconfig
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import ignite.distributed as idist
 import torch
@@ -41,9 +46,9 @@ from ignite_tbptt import (
     create_tbptt_evaluator,
     create_tbptt_trainer,
 )
-from ignite_tbptt.data import stream_batches
+from ignite_tbptt.data import pack_sequences, stream_batches
 
-__all__ = ["STDLIB_MODULES", "stdlib_corpus", "Vocabulary", "CharLSTM", "main"]
+__all__ = ["STDLIB_MODULES", "stdlib_documents", "stdlib_corpus", "Vocabulary", "CharLSTM", "main"]
 
 # Paths relative to the standard library's directory, sorted: the default corpus.
 STDLIB_MODULES = (
@@ -84,10 +89,11 @@ STDLIB_MODULES = (
     "threading.py",
 )
 LN2 = math.log(2)
+IGNORE = -100  # target of padding steps: nn.functional.cross_entropy's default ignore_index
 
 
-def stdlib_corpus() -> str:
-    """The default corpus: :data:`STDLIB_MODULES` of the running Python, joined (modules a version lacks are skipped).
+def stdlib_documents() -> list[str]:
+    """The default corpus: the sources of :data:`STDLIB_MODULES` in the running Python (missing ones skipped).
 
     Raises:
         FileNotFoundError: if none of the modules is found (a Python installed without its sources).
@@ -96,7 +102,25 @@ def stdlib_corpus() -> str:
     parts = [(root / name).read_text(encoding="utf-8") for name in STDLIB_MODULES if (root / name).is_file()]
     if not parts:
         raise FileNotFoundError(f"no standard-library sources under {root}; pass --text FILE instead.")
-    return "\n".join(parts)
+    return parts
+
+
+def stdlib_corpus() -> str:
+    """:func:`stdlib_documents` joined into one text, a line break between modules."""
+    return "\n".join(stdlib_documents())
+
+
+def split_documents(documents: list[str], fraction: float) -> tuple[list[str], list[str]]:
+    """Hold out the last ``fraction`` of the characters: the document it falls in is split in two there."""
+    split = int(sum(len(d) for d in documents) * (1 - fraction))
+    train: list[str] = []
+    for i, document in enumerate(documents):
+        if len(document) >= split:
+            head, tail = document[:split], document[split:]
+            return [*train, *([head] if head else [])], [*([tail] if tail else []), *documents[i + 1 :]]
+        train.append(document)
+        split -= len(document)
+    return train, []
 
 
 class Vocabulary:
@@ -151,19 +175,33 @@ class CharLSTM(nn.Module):
 
 
 def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats per character) of logits ``(T, B, V)`` against targets ``(T, B)``."""
-    return nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten())
+    """Mean cross-entropy (nats per character) of logits ``(T, B, V)`` against targets ``(T, B)``, padding ignored."""
+    return nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
+
+
+def count_targets(y: torch.Tensor) -> torch.Tensor:
+    """Targets that are not padding (a 0-dim tensor)."""
+    return (y != IGNORE).sum()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--text", type=Path, help="UTF-8 text file to train on (default: standard-library sources)")
-    p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters of the text")
+    p.add_argument(
+        "--text", type=Path, nargs="+", help="UTF-8 text files, each a document (default: standard-library sources)"
+    )
+    p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters of the documents")
+    p.add_argument(
+        "--layout",
+        choices=("documents", "stream"),
+        default="documents",
+        help="documents: packed into columns, hidden state reset at each document's start (default);\n"
+        "stream: the documents joined into one text cut into --batch-size columns",
+    )
     p.add_argument("--valid-fraction", type=float, default=0.05, help="tail of the text held out for validation")
     p.add_argument("--k1", type=int, default=25, help="steps between backward passes (default 25)")
     p.add_argument("--k2", type=int, default=50, help="steps each backward pass reaches back (default 50)")
-    p.add_argument("--batch-size", type=int, default=32, help="parallel streams (default 32)")
+    p.add_argument("--batch-size", type=int, default=12, help="parallel columns (default 12)")
     p.add_argument("--seq-len", type=int, default=100, help="steps per batch (default 100)")
     p.add_argument("--embedding", type=int, default=64)
     p.add_argument("--hidden", type=int, default=256)
@@ -184,19 +222,32 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_data(args: argparse.Namespace) -> tuple[Vocabulary, list, list, float]:
+def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
     """The vocabulary, training and validation batches, and the validation text's unigram bits per character."""
-    text = args.text.read_text(encoding="utf-8") if args.text else stdlib_corpus()
-    text = text[: args.max_chars] if args.max_chars else text
-    split = int(len(text) * (1 - args.valid_fraction))
-    train_text, valid_text = text[:split], text[split:]
-    vocab = Vocabulary(train_text)
-    train = stream_batches(vocab.encode(train_text), args.batch_size, args.seq_len)
-    valid = stream_batches(vocab.encode(valid_text), min(args.batch_size, 8), args.seq_len)
+    documents = [path.read_text(encoding="utf-8") for path in args.text] if args.text else stdlib_documents()
+    if args.max_chars:
+        documents = split_documents(documents, 1 - args.max_chars / sum(len(d) for d in documents))[0]
+    if args.layout == "stream":
+        documents = ["\n".join(documents)]
+    train_docs, valid_docs = split_documents(documents, args.valid_fraction)
+    vocab = Vocabulary("".join(train_docs))
+    if args.layout == "stream":
+        train = stream_batches(vocab.encode(train_docs[0]), args.batch_size, args.seq_len)
+        valid = stream_batches(vocab.encode(valid_docs[0]), min(args.batch_size, 8), args.seq_len)
+    else:
+        # Longest first: each next document goes to the column that frees first, so the columns end close
+        # together; the epoch ends where the first runs out, rather than training on the last few alone.
+        train_docs = sorted(train_docs, key=len, reverse=True)
+        train = pack_sequences([vocab.encode(d) for d in train_docs], args.batch_size, args.seq_len, drop_last=True)
+        valid_columns = min(args.batch_size, len(valid_docs))
+        valid = pack_sequences([vocab.encode(d) for d in valid_docs], valid_columns, args.seq_len)
+    valid_text = "".join(d[1:] for d in valid_docs)  # the characters predicted: all but each document's first
     unigram = vocab.unigram_bpc(valid_text)
+    used = sum(y.numel() for _, y, *_ in train)
     (print if idist.get_rank() == 0 else lambda *_, **__: None)(
-        f"{len(train_text):,} training and {len(valid_text):,} validation characters, {len(vocab)} symbols; "
-        f"unigram model: {unigram:.2f} bits/char; TBPTT(k1={args.k1}, k2={args.k2})",
+        f"{sum(map(len, train_docs)):,} training characters in {len(train_docs)} documents ({used:,} predicted per "
+        f"epoch), {len(valid_text):,} validation characters, {len(vocab)} symbols; unigram model: {unigram:.2f} "
+        f"bits/char; TBPTT(k1={args.k1}, k2={args.k2}), {args.layout} layout",
         flush=True,
     )
     return vocab, train, valid, unigram
@@ -218,13 +269,13 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
         autocast_dtype=amp_dtype,
         scaler=args.amp == "fp16",
         device=device,
+        target_count_fn=lambda y_pred, y: count_targets(y),  # padding does not count in the mean
         deterministic=True,  # resumable mid-epoch: ignite's DeterministicEngine skips the batches already seen
     )
     if args.clip > 0:
         GradientClipping(model, max_norm=args.clip).attach(trainer)
-    evaluator = create_tbptt_evaluator(
-        model, {"bpc": BitsPerTarget(cross_entropy)}, carry_hidden=True, device=device, autocast_dtype=amp_dtype
-    )
+    bpc = BitsPerTarget(cross_entropy, batch_size=lambda y: int(count_targets(y)))
+    evaluator = create_tbptt_evaluator(model, {"bpc": bpc}, carry_hidden=True, device=device, autocast_dtype=amp_dtype)
     return model, optimizer, trainer, evaluator
 
 

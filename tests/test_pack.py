@@ -1,0 +1,132 @@
+"""pack_sequences: every token once and in order, columns as queues, lazy reading, lengths and shuffling."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ignite_tbptt.data import pack_sequences
+
+
+def unpack(batches, ignore_index=-100):
+    """The sequences of each column, read back from ``starts``, ``x`` and ``y``."""
+    if not batches:
+        return []
+    x, y, starts = (torch.cat(parts) for parts in zip(*batches))
+    columns = []
+    for b in range(x.shape[1]):
+        sequences = []
+        for t in range(x.shape[0]):
+            if starts[t, b]:
+                sequences.append([x[t, b].item()])
+            if y[t, b] != ignore_index:
+                assert sequences, "a target before the column's first start"
+                sequences[-1].append(y[t, b].item())
+        columns.append(sequences)
+    return columns
+
+
+packing = dict(
+    lengths=st.lists(st.integers(0, 30), max_size=12),
+    batch_size=st.integers(1, 4),
+    length=st.integers(1, 9),
+    shuffle=st.booleans(),
+)
+
+
+def corpus(lengths):
+    offsets = torch.tensor([0, *lengths]).cumsum(0)
+    return [torch.arange(int(a), int(a) + n) for a, n in zip(offsets, lengths)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(**packing)
+def test_every_token_once_in_order_per_sequence(lengths, batch_size, length, shuffle):
+    sequences = corpus(lengths)
+    packed = pack_sequences(sequences, batch_size, length, shuffle=shuffle, seed=3)
+    batches = list(packed)
+    assert len(batches) == len(packed)
+    assert all(x.shape == y.shape == s.shape and x.shape[1] == batch_size for x, y, s in batches)
+    assert all(x.shape[0] == length for x, _, _ in batches[:-1])
+    found = sorted(tuple(s) for column in unpack(batches) for s in column)
+    assert found == sorted(tuple(s.tolist()) for s in sequences if len(s) >= 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(**packing)
+def test_drop_last_keeps_every_batch_full_and_cuts_only_ends(lengths, batch_size, length, shuffle):
+    sequences = corpus(lengths)
+    packed = pack_sequences(sequences, batch_size, length, shuffle=shuffle, seed=3, drop_last=True)
+    batches = list(packed)
+    assert len(batches) == len(packed)
+    assert all((y != -100).all() for _, y, _ in batches)
+    whole = {s[0].item(): s.tolist() for s in sequences if len(s) >= 2}
+    found = [s for column in unpack(batches) for s in column]
+    assert len({s[0] for s in found}) == len(found)  # no sequence twice
+    assert all(whole[s[0]][: len(s)] == s for s in found)  # each one a beginning of its sequence
+    if not shuffle:  # the first column to run out ends the epoch
+        padded = list(pack_sequences(sequences, batch_size, length))
+        ends = [] if not padded else [int((y != -100).sum()) for y in torch.cat([y for _, y, _ in padded]).t()]
+        assert sum(x.shape[0] for x, _, _ in batches) == (min(ends) if ends else 0)
+
+
+def test_the_next_sequence_goes_to_the_column_that_frees_first():
+    # Steps 6, 2, 3, 1, 4: column 1 frees at 2 and takes the third, at 5 the fourth; at 6 both free, column 0
+    # (the lower) takes the fifth.
+    sequences = corpus([7, 3, 4, 2, 5])
+    columns = unpack(list(pack_sequences(sequences, 2, length=4)))
+    firsts = [[s[0] for s in column] for column in columns]
+    assert firsts == [[0, 16], [7, 10, 14]]
+
+
+def test_padding_is_ignored_and_only_at_the_tail():
+    x, y, starts = (torch.cat(p) for p in zip(*pack_sequences(corpus([9, 3]), 2, length=3)))
+    assert y[:, 0].tolist() == list(range(1, 9))
+    assert y[:, 1].tolist() == [10, 11, *[-100] * 6] and x[2:, 1].eq(0).all()
+    assert starts.nonzero().tolist() == [[0, 0], [0, 1]]
+
+
+def test_sequences_are_read_lazily():
+    read = []
+
+    def sequences():
+        for i in range(100):
+            read.append(i)
+            yield torch.arange(10)  # 9 steps each
+
+    batches = iter(pack_sequences(sequences(), 2, length=5))
+    next(batches)
+    assert len(read) == 2  # one per column
+    next(batches)
+    assert len(read) == 4
+    with pytest.raises(TypeError, match="no length"):
+        len(pack_sequences(sequences(), 2, 5))
+
+
+def test_shuffle_is_seeded_per_epoch_and_keeps_the_epoch_length():
+    sequences = corpus([5, 17, 3, 9, 12, 4, 8, 2])
+    packed = pack_sequences(sequences, 3, length=4, shuffle=True, seed=7)
+    orders = []
+    for epoch in (0, 1, 0):
+        packed.set_epoch(epoch)
+        batches = list(packed)
+        assert len(batches) == len(packed)
+        orders.append(unpack(batches))
+    assert orders[0] == orders[2] and orders[0] != orders[1]
+    assert orders[0] != unpack(list(pack_sequences(sequences, 3, length=4)))
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(sequences=[torch.zeros(2, 2)]), ValueError, "sequence 0 has shape"),
+        (dict(sequences=[[1, 2, 3]]), TypeError, "sequence 0 is a list"),
+        (dict(batch_size=0), ValueError, "batch_size"),
+        (dict(length=1.5), TypeError, "length"),
+        (dict(sequences=iter([torch.arange(3)]), shuffle=True), TypeError, "shuffle=True"),
+    ],
+)
+def test_bad_input(kwargs, error, match):
+    args = dict(sequences=[torch.arange(4)], batch_size=2, length=3) | kwargs
+    with pytest.raises(error, match=match):
+        list(pack_sequences(**args))
