@@ -5,7 +5,7 @@ from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
 from .metrics import BitsPerTarget, Perplexity
-from .plot import plot_schedule
+from .plot import plot_columns, plot_schedule
 from .schedule import Schedule, Window, WindowSource
 from .tensorboard import attach_tensorboard
 from .trainer import TBPTTStep, create_tbptt_trainer, default_model_fn, tbptt_training_step
@@ -27,6 +27,7 @@ __all__ = [
     "GradientClipping",
     "gradient_norm",
     "plot_schedule",
+    "plot_columns",
     "attach_tensorboard",
 ]
 __version__ = "0.2.0"

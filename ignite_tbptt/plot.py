@@ -1,8 +1,11 @@
-"""The picture of TBPTT(k1, k2): which steps each window computes losses on, and how far back it reaches."""
+"""Pictures of TBPTT(k1, k2): each window's losses and reach, and how sequences lie in a stream's columns."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
+
+import torch
 
 from .checks import positive_int
 from .schedule import Schedule
@@ -11,7 +14,7 @@ if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_schedule"]
+__all__ = ["plot_schedule", "plot_columns"]
 
 _REACH, _LOSS, _OWN, _CUT = "#9ecae1", "#08519c", "#fdae6b", "#cb181d"
 
@@ -76,6 +79,91 @@ def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Fig
     ]
     if k2 < k1:
         handles.insert(2, Patch(color=_OWN, label="own loss only"))
+    if own_figure:
+        ax.figure.legend(handles=handles, loc="outside right upper", frameon=False)
+    else:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax.figure
+
+
+_SEQUENCES, _PADDING = ("#4292c6", "#fd8d3c", "#74c476", "#9e9ac8"), "#e0e0e0"
+
+
+def plot_columns(
+    batches: Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    k1: int | None = None,
+    ignore_index: int = -100,
+    ax: Axes | None = None,
+) -> Figure:
+    """Draw how sequences lie in the columns of a stream's ``(x, y, starts)`` batches (time first).
+
+    One row per column, one bar per sequence (alternating shades), from the step where ``starts`` marks it
+    to the next start; a black tick where the hidden state is reset; padding (``y == ignore_index``) in grey;
+    batch boundaries as solid lines and, with ``k1``, window ends as dashed ones. Windows and cuts lie on the
+    stream's time grid whatever the sequences do (SPEC.md, "Sequence starts").
+
+    Args:
+        batches: ``(x, y, starts)`` batches of shape ``(T, B)`` each, e.g. from
+            :func:`~ignite_tbptt.data.pack_sequences`.
+        k1: draw the window ends of TBPTT(k1, ·); default: none.
+        ignore_index: the target value of padding steps.
+        ax: matplotlib axes to draw into; default: a new figure.
+
+    Returns:
+        The matplotlib figure. Bars carry ``gid`` ``"sequence-b-i"`` for the ``i``-th sequence (from 0) of
+        column ``b``, and ``"padding-b"`` for column ``b``'s padding.
+
+    Raises:
+        ValueError: if there are no batches.
+
+    Examples:
+        >>> from ignite_tbptt.data import pack_sequences
+        >>> sequences = [torch.arange(n) for n in (9, 4, 6, 7)]
+        >>> fig = plot_columns(pack_sequences(sequences, batch_size=2, length=5), k1=3)
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch, Rectangle
+
+    batches = list(batches)
+    if not batches:
+        raise ValueError("plot_columns needs at least one (x, y, starts) batch.")
+    y = torch.cat([b[1] for b in batches]).cpu()
+    starts = torch.cat([b[2] for b in batches]).cpu()
+    steps, columns = starts.shape
+    own_figure = ax is None
+    if ax is None:
+        fig = Figure(figsize=(min(18.0, 4.0 + 0.25 * steps), 1.2 + 0.45 * columns), layout="constrained")
+        ax = fig.add_subplot()
+    for b in range(columns):
+        firsts = [*torch.nonzero(starts[:, b]).flatten().tolist(), steps]
+        for i, (first, end) in enumerate(zip(firsts, firsts[1:])):
+            real = int((y[first:end, b] != ignore_index).sum())  # padding only follows a column's last sequence
+            color = _SEQUENCES[(b + i) % len(_SEQUENCES)]
+            ax.add_patch(Rectangle((first, b - 0.35), real, 0.7, color=color, gid=f"sequence-{b}-{i}"))
+            ax.plot([first, first], [b - 0.45, b + 0.45], color="black", lw=2)
+        padding = torch.nonzero(y[:, b] == ignore_index).flatten()
+        if len(padding):
+            first = int(padding[0])
+            ax.add_patch(Rectangle((first, b - 0.35), steps - first, 0.7, color=_PADDING, gid=f"padding-{b}"))
+    bounds = torch.tensor([len(batch[2]) for batch in batches]).cumsum(0).tolist()
+    for t in bounds[:-1]:
+        ax.axvline(t, color="0.3", lw=1.2)
+    for t in range(k1, steps, k1) if k1 else ():
+        ax.axvline(t, color="0.3", lw=0.8, ls="--")
+    ax.set_xlim(0, steps)
+    ax.set_ylim(columns - 0.5, -0.5)
+    ax.set_yticks(range(columns), [str(b) for b in range(columns)])
+    ax.set_xlabel("step of the stream")
+    ax.set_ylabel("column")
+    handles = [
+        Patch(color=_SEQUENCES[0], label="a sequence"),
+        Line2D([], [], color="black", lw=2, label="start: hidden state reset"),
+        Patch(color=_PADDING, label="padding (ignored targets)"),
+        Line2D([], [], color="0.3", lw=1.2, label="batch boundary"),
+    ]
+    if k1:
+        handles.append(Line2D([], [], color="0.3", lw=0.8, ls="--", label=f"window end (k1={k1})"))
     if own_figure:
         ax.figure.legend(handles=handles, loc="outside right upper", frameon=False)
     else:

@@ -130,3 +130,19 @@ def test_bad_input(kwargs, error, match):
     args = dict(sequences=[torch.arange(4)], batch_size=2, length=3) | kwargs
     with pytest.raises(error, match=match):
         list(pack_sequences(**args))
+
+
+def test_columns_picture_matches_the_packing():
+    from ignite_tbptt import plot_columns
+
+    # Steps 6, 2, 3, 1, 4 in two columns: column 0 holds sequences 0 and 4, column 1 sequences 1, 2 and 3.
+    fig = plot_columns(pack_sequences(corpus([7, 3, 4, 2, 5]), 2, length=4), k1=3)
+    bars = {p.get_gid(): (p.get_x(), p.get_x() + p.get_width()) for p in fig.axes[0].patches if p.get_gid()}
+    assert bars == {
+        "sequence-0-0": (0, 6),
+        "sequence-0-1": (6, 10),
+        "sequence-1-0": (0, 2),
+        "sequence-1-1": (2, 5),
+        "sequence-1-2": (5, 6),
+        "padding-1": (6, 10),
+    }
