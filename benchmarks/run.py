@@ -55,6 +55,11 @@ and slowest run.
   the steps before the window with the current weights, so for k2 > k1 its gradient is close to, not
   equal to, SPEC.md's.
 - **ours**: `create_tbptt_trainer`; `recompute=R` is its recomputation mode.
+- **ours, documents** (with `--documents`): `create_tbptt_trainer` on the same tokens as batches
+  `(x, y, starts)`: each column a sequence of documents whose lengths are geometric with mean 4 x k1 (a
+  start at each step of each column with probability 1 / (4 k1)). Every step where some column starts
+  ends a segment, so with 32 columns the model is called on much shorter pieces; *vs ours* is its time
+  over that of the same run without starts.
 - **compute limit**: the hand loop's own forward, backward and optimizer-step times, in chunks of k1,
   combined as forward + (k2 / k1) x backward + step: every step runs forward once and backward k2 / k1
   times on average, with one optimizer step per window, and no cost per call. **compute limit,
@@ -63,7 +68,7 @@ and slowest run.
   backend charges for them.
 
 The ratios are times: *vs compute limit* over the compute limit's, *vs hand* over the hand loop's
-(k1 = k2) or the exact hand loop's (k2 > k1). Below 1.00x is faster.
+(k1 = k2) or the exact hand loop's (k2 > k1), *vs ours* over ours without starts. Below 1.00x is faster.
 
 Memory: each row is one training run in a fresh process, `carry_hidden=True`, batches of 200 steps
 (`benchmarks/memory.py`). Peak memory is the resident set sampled after every model call; above baseline
@@ -80,10 +85,17 @@ def make_batches(steps: int, length: int, batch: int, device: torch.device, seed
     return [(tokens[i : i + length], tokens[i + 1 : i + 1 + length]) for i in range(0, steps, length)]
 
 
+def with_documents(batches, mean: float, seed: int = 1):
+    """``batches`` as ``(x, y, starts)``: a sequence starts at each step of each column with probability 1 / mean."""
+    g = torch.Generator().manual_seed(seed)
+    return [(x, y, (torch.rand(x.shape[:2], generator=g) < 1 / mean).to(x.device)) for x, y in batches]
+
+
 def timed(method, cell, batches, k1, k2, device, **kwargs):
     torch.manual_seed(0)
     model = methods.CharModel(cell).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batches = kwargs.pop("data", batches)
     start = time.perf_counter()
     phases = method(model, optimizer, batches, k1, k2, device, **kwargs)
     return time.perf_counter() - start, phases
@@ -111,17 +123,22 @@ def run_time(args, device):
             if (k1, k2) in RECOMPUTE:
                 length = RECOMPUTE[(k1, k2)]
                 contenders[f"ours, recompute={length}"] = (methods.ours, {"recompute_steps": length})
+            if args.documents:
+                contenders["ours, documents"] = (methods.ours, {"data": with_documents(batches, 4 * k1)})
             times = {name: [] for name in contenders}
             phases = []
             for name, (method, kwargs) in contenders.items():  # warm-up, untimed
-                timed(method, cell, batches[:1], k1, k1 if name == "hand" else k2, device, **kwargs)
+                kwargs = {**kwargs, "data": kwargs.get("data", batches)[:1]}
+                timed(method, cell, batches, k1, k1 if name == "hand" else k2, device, **kwargs)
             names = list(contenders)
             for repeat in range(args.repeats):
                 # Interleaved, so that drift in the machine's speed hits all alike, and rotated, so that no
                 # contender always runs right after the same other one.
                 for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
                     method, kwargs = contenders[name]
-                    seconds, split = timed(method, cell, batches, k1, k1 if name == "hand" else k2, device, **kwargs)
+                    seconds, split = timed(
+                        method, cell, batches, k1, k1 if name == "hand" else k2, device, **dict(kwargs)
+                    )
                     times[name].append(seconds)
                     if name == "hand":
                         phases.append(split)
@@ -171,19 +188,22 @@ def run_memory(args):
 
 
 def table(time_rows, memory_rows):
-    lines = ["| model | k1 | k2 | method | tokens/s (median) | time s (median, min-max) | vs compute limit | vs hand |"]
-    lines.append("|---|---|---|---|---|---|---|---|")
+    header = "| model | k1 | k2 | method | tokens/s (median) | time s (median, min-max) | vs compute limit | vs hand |"
+    documents = any(r["method"] == "ours, documents" for r in time_rows)
+    lines = [header + (" vs ours |" if documents else ""), "|---|---|---|---|---|---|---|---|" + "---|" * documents]
     for row in time_rows:
         same = {
             r["method"]: r for r in time_rows if (r["model"], r["k1"], r["k2"]) == (row["model"], row["k1"], row["k2"])
         }
         ratios = []
-        for reference in ("compute limit", "hand" if row["k1"] == row["k2"] else "hand, exact segments"):
-            ratios.append(f"{row['seconds'] / same[reference]['seconds']:.2f}x" if reference in same else "")
+        references = ["compute limit", "hand" if row["k1"] == row["k2"] else "hand, exact segments"]
+        for reference in references + ["ours"] * documents:
+            useful = reference in same and (reference != "ours" or row["method"] == "ours, documents")
+            ratios.append(f"{row['seconds'] / same[reference]['seconds']:.2f}x" if useful else "")
         lo, hi = row["spread"]
         lines.append(
             f"| {row['model']} | {row['k1']} | {row['k2']} | {row['method']} | {row['tokens_per_second']:,.0f} "
-            f"| {row['seconds']:.2f} ({lo:.2f}-{hi:.2f}) | {ratios[0]} | {ratios[1]} |"
+            f"| {row['seconds']:.2f} ({lo:.2f}-{hi:.2f}) | " + " | ".join(ratios) + " |"
         )
     if memory_rows:
         lines += [
@@ -226,6 +246,9 @@ def main(argv=None):
         help="the (k1, k2) pairs to time (default: " + " ".join(f"{a}/{b}" for a, b in PAIRS) + ")",
     )
     p.add_argument("--no-memory", action="store_true", help="time only, skip the memory measurements")
+    p.add_argument(
+        "--documents", action="store_true", help="also time ours with sequence starts every 4 x k1 steps on average"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
     p.add_argument("--markdown", type=Path, help="also write the table, machine and command to this file")
@@ -247,6 +270,7 @@ def main(argv=None):
     print(text)
     if args.markdown:
         title = "Benchmarks" if device.type == "cpu" else f"Benchmarks on {device.type.upper()}"
+        title += ": sequence starts" if args.documents else ""
         args.markdown.write_text(
             PAGE.format(title=title, machine=machine, device=args.device, command=result["command"]) + text + "\n"
         )

@@ -43,12 +43,13 @@ def test_the_hand_loop_and_ignite_compute_what_ours_computes_for_k1_equal_k2():
 
 def test_quick_benchmark_runs_every_contender_and_writes_its_table(tmp_path):
     out, markdown = tmp_path / "results.json", tmp_path / "benchmarks.md"
-    run.main(["--quick", "--out", str(out), "--markdown", str(markdown)])
+    run.main(["--quick", "--documents", "--out", str(out), "--markdown", str(markdown)])
     result = json.loads(out.read_text())
     methods_seen = {(r["k1"] == r["k2"], r["method"]) for r in result["time"]}
     assert {(True, "hand"), (True, "ignite"), (True, "ours"), (True, "compute limit")} <= methods_seen
     assert {(False, "chained"), (False, "recompute"), (False, "ours"), (False, "compute limit")} <= methods_seen
     assert {(False, "hand, exact segments"), (True, "compute limit, recompute")} <= methods_seen
+    assert {(True, "ours, documents"), (False, "ours, documents")} <= methods_seen
     assert all(r["tokens_per_second"] > 0 for r in result["time"])
     assert [(r["steps"], r["recompute"]) for r in result["memory"]] == [(60, None), (240, None), (40, 5)]
     assert all(r["saved_activations_mib"] > 0 for r in result["memory"])
