@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 from ignite.engine import DeterministicEngine, Engine
 
+from .events import COUNTERS
+
 if TYPE_CHECKING:
     from .loop import TBPTTStep
 
@@ -31,7 +33,10 @@ class _StreamState:
         return state
 
     def load_state_dict(self, state_dict: Mapping) -> None:
-        super().load_state_dict(state_dict)  # type: ignore[misc]
+        # A state saved by ignite's create_supervised_tbptt_trainer, or any plain Engine, has no TBPTT counters:
+        # they start at 0, and the stream starts fresh at the saved epoch and iteration.
+        missing = {name: 0 for name in (*COUNTERS, "targets_seen") if name not in state_dict}
+        super().load_state_dict({**state_dict, **missing})  # type: ignore[misc]
         if "tbptt" in state_dict:
             self.tbptt.load_state_dict(state_dict["tbptt"])
 

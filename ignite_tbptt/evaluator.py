@@ -43,7 +43,7 @@ def create_tbptt_evaluator(
     so that evaluating packed sequences gives each target the prediction of its sequence evaluated alone.
 
     Args:
-        model: the model; left in ``train()`` mode afterwards only if the trainer sets it so (it does).
+        model: the model; each batch runs in ``eval()`` mode and leaves the model in the mode it found.
         metrics: ignite metrics to attach by name, e.g. ``{"bpc": BitsPerTarget(loss_fn)}``.
         time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred`` (0 for ``(T, B, *)``).
         carry_hidden: carry the hidden state across the batches of a run.
@@ -82,10 +82,7 @@ def create_tbptt_evaluator(
     autocast = autocast_for(device_type_of(model, device), autocast_dtype)
     stream: dict[str, Any] = {"hidden": None}
 
-    @torch.no_grad()
-    def evaluate(engine: Engine, batch: Sequence[Any]) -> Any:
-        model.eval()
-        x, y, starts = split_batch(prepare_batch(batch, device=device, non_blocking=non_blocking))
+    def run_pieces(x: torch.Tensor, starts: Any) -> list[Any]:
         hidden = stream["hidden"] if carry_hidden else None
         length = x.shape[time_dim]
         resets = {}
@@ -102,6 +99,17 @@ def create_tbptt_evaluator(
                 y_pred, hidden = model_fn(model, x.narrow(time_dim, start, end - start), hidden)
                 y_preds.append(y_pred)
         stream["hidden"] = hidden
+        return y_preds
+
+    @torch.no_grad()
+    def evaluate(engine: Engine, batch: Sequence[Any]) -> Any:
+        training = model.training  # restored after the batch: a trainer's handler may evaluate mid-batch
+        model.eval()
+        try:
+            x, y, starts = split_batch(prepare_batch(batch, device=device, non_blocking=non_blocking))
+            y_preds = run_pieces(x, starts)
+        finally:
+            model.train(training)
         return output_transform(x, y, hs.cat(y_preds, time_dim))
 
     evaluator = Engine(evaluate)

@@ -65,6 +65,7 @@ class TBPTTStep:
         self._engine: Engine | None = None
         self._loaded: dict | None = None
         self._unchecked_columns: int | None = None  # a stream's first hidden state awaiting the reset check
+        self._failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
 
     @property
     def schedule(self) -> WindowSource:
@@ -104,6 +105,7 @@ class TBPTTStep:
         self._engine = engine
 
     def _started(self, engine: Engine) -> None:
+        self._failed = None
         if distributed.is_distributed():
             distributed.broadcast_parameters(self.parameters())
         if engine.state.iteration == 0:
@@ -146,6 +148,7 @@ class TBPTTStep:
         """Run the segments of one batch; returns ``output_transform``'s value for the batch."""
         if engine is not self._engine:
             self._attach_late(engine)
+        self._raise_if_failed()
         x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
         length, start_rows = self._check_batch(x, y, starts)
         self.model.train()
@@ -162,7 +165,7 @@ class TBPTTStep:
         loss_sum: Any = 0.0
         targets = 0
         y_preds: list[Any] = []
-        while stream.position < batch_end:
+        while stream.position < batch_end and self._failed is None:
             if stream.window is None:
                 self._start_window(engine)
             following = bisect_right(sequence_starts, stream.position)
@@ -179,8 +182,10 @@ class TBPTTStep:
             y_preds.append(y_pred)
             if plan.closes_window:
                 self._complete_window(engine, plan.end, stream_continues=plan.end != stream_end)
-        if last_iteration:
+        if last_iteration and self._failed is None:
             self.end_epoch(engine)
+        if self._failed is not None:  # a NaN output, so that ignite's TerminateOnNan ends the run here
+            return float("nan")
 
         loss = loss_sum / targets if targets else torch.tensor(float("nan"))
         if self.output_transform is None:
@@ -240,6 +245,7 @@ class TBPTTStep:
 
     # -- window and step boundaries ----------------------------------------------------------------------------
     def _start_window(self, engine: Engine) -> None:
+        self.model.train()  # a handler may have evaluated the model since the last window, as in ignite
         self.optim.window_started()
         self.stream.open_window()
         engine.state.window += 1
@@ -257,6 +263,8 @@ class TBPTTStep:
         targets = stream.window_targets
         engine.state.window_loss = stream.window_loss / targets if targets else torch.tensor(float("nan"))
         engine.state.window_targets = targets
+        # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float.
+        engine.state.output = float(engine.state.window_loss)
         engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)
         engine.fire_event(Tbptt_Events.TIME_ITERATION_COMPLETED)
 
@@ -265,12 +273,23 @@ class TBPTTStep:
             self.versions.freeze()
         try:
             self.optim.step(engine, on_skip=self.stream.recover)
-        except FloatingPointError:
+        except FloatingPointError as error:
+            # No window runs after this one; the iteration ends with a NaN output, and the error is raised
+            # when anything would run next, unless a handler (TerminateOnNan) ends the run first.
             self.stream.history.clear()
-            raise
+            self._failed = error
+
+    def _raise_if_failed(self) -> None:
+        if self._failed is not None:
+            raise self._failed
 
     def end_epoch(self, engine: Engine) -> None:
-        """End the stream and apply the windows not yet applied; runs once per epoch, whatever calls it first."""
+        """End the stream and apply the windows not yet applied; runs once per epoch, whatever calls it first.
+
+        Raises:
+            FloatingPointError: if an optimizer step of the run was refused for non-finite gradients.
+        """
+        self._raise_if_failed()
         if self.stream.window is not None:
             self._complete_window(engine, self.stream.position, stream_continues=False)
         if self.optim.windows:

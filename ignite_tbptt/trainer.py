@@ -24,7 +24,7 @@ __all__ = ["create_tbptt_trainer", "tbptt_training_step", "TBPTTStep", "default_
 
 def tbptt_training_step(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Any,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     k1: int,
     k2: int | None = None,
@@ -107,8 +107,13 @@ def tbptt_training_step(
 def _check_model(model: Any, optimizer: Any, loss_fn: Any) -> None:
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}.")
+    # As ignite, any object the trainer can use: a torch.optim.Optimizer, a wrapper, a third-party optimizer.
+    missing = [name for name in ("param_groups", "zero_grad", "step") if not hasattr(optimizer, name)]
+    if missing:
+        raise TypeError(
+            f"optimizer must be a torch.optim.Optimizer or have param_groups, zero_grad() and step(); "
+            f"{type(optimizer).__name__} has no {', '.join(missing)}."
+        )
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}.")
     model_params = {id(p) for p in model.parameters()}
@@ -136,7 +141,7 @@ def _scaler(
 
 def create_tbptt_trainer(
     model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | Any,
     loss_fn: Callable[[Any, Any], torch.Tensor],
     k1: int,
     k2: int | None = None,
@@ -179,7 +184,8 @@ def create_tbptt_trainer(
     Args:
         model: the recurrent model; called through ``model_fn`` and returning ``(y_pred, hidden)``, where
             ``hidden`` is a tensor or any nesting of tuples, lists and dicts of tensors.
-        optimizer: the optimizer; it must hold at least one of ``model``'s parameters.
+        optimizer: the optimizer (a ``torch.optim.Optimizer``, or any object with ``param_groups``,
+            ``zero_grad`` and ``step``, as ignite accepts); it must hold at least one of ``model``'s parameters.
         loss_fn: ``loss_fn(y_pred, y)`` reducing by mean over its targets, e.g. ``nn.CrossEntropyLoss()``.
         k1: steps between backward passes (and window length), a positive int.
         k2: steps a full window's backward pass reaches back from its end; default ``k1``.
@@ -234,10 +240,13 @@ def create_tbptt_trainer(
         A :class:`~ignite_tbptt.TBPTTEngine` (an ignite ``Engine``; :class:`~ignite_tbptt.DeterministicTBPTTEngine`
         with ``deterministic=True``); ``engine.state.output`` after an iteration is ``output_transform``'s value.
         It fires :class:`~ignite_tbptt.TBPTTEvents` (counters ``engine.state.window`` and
-        ``engine.state.optimizer_step``, saved in ``engine.state_dict()``) and ignite's ``Tbptt_Events``; it
+        ``engine.state.optimizer_step``, saved in ``engine.state_dict()``) and ignite's ``Tbptt_Events``, with
+        ``engine.state.output`` the window's mean per-target loss as a float while their handlers run; it
         also keeps ``engine.state.targets_seen`` (targets processed in the run), ``window_targets`` (of the last
         window) and ``step_targets`` (of the last optimizer step). Its ``state_dict()`` holds the stream, so
-        ignite's ``Checkpoint`` resumes it exactly (mid-epoch with ``deterministic=True``).
+        ignite's ``Checkpoint`` resumes it exactly (mid-epoch with ``deterministic=True``); its
+        ``load_state_dict`` also takes a state saved by ignite's ``create_supervised_tbptt_trainer`` or any plain
+        ``Engine``, going on at its epoch and iteration with the TBPTT counters at 0 and a fresh stream.
 
     torch.compile:
         A model compiled with ``torch.compile`` (or a ``model_fn`` that calls one) trains to the parameters of the eager
@@ -266,10 +275,13 @@ def create_tbptt_trainer(
             the hidden state changes shape between segments, or (with ``carry_hidden=True``) a batch has
             another number of parallel streams than the epoch's first.
             Batch errors are raised before the batch changes anything.
-        FloatingPointError: without a ``scaler``, when an optimizer step's gradients hold inf or NaN; the
-            step is not taken, so the parameters keep their last finite values. With a ``scaler`` such a step
-            is skipped and training goes on: the retained history is dropped (the next window reaches back
-            only to the skipped step) and a non-finite carried hidden state is restarted.
+        FloatingPointError: without a ``scaler``, after an optimizer step whose gradients hold inf or NaN. The
+            step is not taken, so the parameters keep their last finite values; no further window of the batch
+            runs and the iteration's output is ``float("nan")``, so that ignite's ``TerminateOnNan`` ends the run
+            cleanly there. Otherwise the error is raised before anything else runs: when the next iteration
+            starts or when the epoch completes. With a ``scaler`` such a step is skipped and training goes on:
+            the retained history is dropped (the next window reaches back only to the skipped step) and a
+            non-finite carried hidden state is restarted.
 
     Warns:
         UserWarning: if a scaler is combined with an ``autocast_dtype`` other than float16.
