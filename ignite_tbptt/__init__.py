@@ -6,7 +6,7 @@ from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
 from .metrics import BitsPerTarget, Perplexity
 from .plot import plot_columns, plot_schedule
-from .schedule import Schedule, Window, WindowSource
+from .schedule import RandomWindows, Schedule, Window, WindowSource
 from .tensorboard import attach_tensorboard
 from .trainer import TBPTTStep, create_tbptt_trainer, default_model_fn, tbptt_training_step
 
@@ -18,6 +18,7 @@ __all__ = [
     "DeterministicTBPTTEngine",
     "TBPTTEvents",
     "Schedule",
+    "RandomWindows",
     "Window",
     "WindowSource",
     "default_model_fn",

@@ -95,7 +95,7 @@ class TBPTTStep:
     def attach(self, engine: Engine) -> None:
         """Register the events, counters and the handlers that start and end streams and epochs on ``engine``."""
         register_tbptt_events(engine)
-        engine.state.window_loss = None
+        engine.state.window_loss = engine.state.window_bounds = None
         engine.state.window_targets = engine.state.targets_seen = engine.state.step_targets = 0
         if "targets_seen" not in engine.state_dict_user_keys:
             engine.state_dict_user_keys.append("targets_seen")
@@ -255,14 +255,16 @@ class TBPTTStep:
     def _complete_window(self, engine: Engine, end: int, stream_continues: bool) -> None:
         stream = self.stream
         start = stream.window.start
+        cut = self.source.cut(start, end)
         next_cut = self.source.window(end).cut if stream_continues else None
-        stream.history.backward(start, self.source.cut(start, end), next_cut)
+        stream.history.backward(start, cut, next_cut)
         stream.window = None
         if self.optim.window_completed():
             self._optimizer_step(engine)
         targets = stream.window_targets
         engine.state.window_loss = stream.window_loss / targets if targets else torch.tensor(float("nan"))
         engine.state.window_targets = targets
+        engine.state.window_bounds = (start, end, cut)
         # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float.
         engine.state.output = float(engine.state.window_loss)
         engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)

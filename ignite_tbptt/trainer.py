@@ -14,7 +14,7 @@ from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .forward import ModelCall, autocast_for, default_model_fn, device_type_of
 from .loop import TBPTTStep
 from .optimizer_step import OptimizerStep
-from .schedule import Schedule
+from .schedule import Schedule, WindowSource
 from .starts import default_reset_hidden
 from .starts import prepare_batch as default_prepare_batch
 from .versions import ParameterVersions
@@ -26,7 +26,7 @@ def tbptt_training_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | Any,
     loss_fn: Callable[[Any, Any], torch.Tensor],
-    k1: int,
+    k1: int | WindowSource,
     k2: int | None = None,
     *,
     time_dim: int = 0,
@@ -67,7 +67,7 @@ def tbptt_training_step(
         3
     """
     _check_model(model, optimizer, loss_fn)
-    source = Schedule(positive_int("k1", k1), k1 if k2 is None else positive_int("k2", k2))
+    source = _source(k1, k2)
     if isinstance(time_dim, bool) or not isinstance(time_dim, int):
         raise TypeError(f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *)), got {time_dim!r}.")
     accumulation = positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
@@ -102,6 +102,14 @@ def tbptt_training_step(
         target_count_fn=target_count_fn,
         recompute=recompute,
     )
+
+
+def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
+    if isinstance(k1, WindowSource):
+        if k2 is not None:
+            raise ValueError("k2 belongs to the window source passed as k1: pass it there, e.g. RandomWindows(k1, k2).")
+        return k1
+    return Schedule(positive_int("k1", k1), k1 if k2 is None else positive_int("k2", k2))
 
 
 def _check_model(model: Any, optimizer: Any, loss_fn: Any) -> None:
@@ -143,7 +151,7 @@ def create_tbptt_trainer(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer | Any,
     loss_fn: Callable[[Any, Any], torch.Tensor],
-    k1: int,
+    k1: int | WindowSource,
     k2: int | None = None,
     *,
     time_dim: int = 0,
@@ -187,7 +195,9 @@ def create_tbptt_trainer(
         optimizer: the optimizer (a ``torch.optim.Optimizer``, or any object with ``param_groups``,
             ``zero_grad`` and ``step``, as ignite accepts); it must hold at least one of ``model``'s parameters.
         loss_fn: ``loss_fn(y_pred, y)`` reducing by mean over its targets, e.g. ``nn.CrossEntropyLoss()``.
-        k1: steps between backward passes (and window length), a positive int.
+        k1: steps between backward passes (and window length), a positive int; or a
+            :class:`~ignite_tbptt.WindowSource` that decides each window's end and cut as the stream goes, such
+            as :class:`~ignite_tbptt.RandomWindows` (then without ``k2``).
         k2: steps a full window's backward pass reaches back from its end; default ``k1``.
         time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred``: 0 for ``(T, B, *)`` batches,
             1 for ``(B, T, *)``.
@@ -241,9 +251,10 @@ def create_tbptt_trainer(
         with ``deterministic=True``); ``engine.state.output`` after an iteration is ``output_transform``'s value.
         It fires :class:`~ignite_tbptt.TBPTTEvents` (counters ``engine.state.window`` and
         ``engine.state.optimizer_step``, saved in ``engine.state_dict()``) and ignite's ``Tbptt_Events``, with
-        ``engine.state.output`` the window's mean per-target loss as a float while their handlers run; it
-        also keeps ``engine.state.targets_seen`` (targets processed in the run), ``window_targets`` (of the last
-        window) and ``step_targets`` (of the last optimizer step). Its ``state_dict()`` holds the stream, so
+        ``engine.state.output`` the window's mean per-target loss as a float and ``engine.state.window_bounds``
+        its ``(start, end, cut)`` in stream steps while their handlers run; it also keeps
+        ``engine.state.targets_seen`` (targets processed in the run), ``window_targets`` (of the last window)
+        and ``step_targets`` (of the last optimizer step). Its ``state_dict()`` holds the stream, so
         ignite's ``Checkpoint`` resumes it exactly (mid-epoch with ``deterministic=True``); its
         ``load_state_dict`` also takes a state saved by ignite's ``create_supervised_tbptt_trainer`` or any plain
         ``Engine``, going on at its epoch and iteration with the TBPTT counters at 0 and a fresh stream.

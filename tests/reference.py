@@ -71,8 +71,14 @@ def reference_train(
     epochs: int = 1,
     time_dim: int = 0,
     reset_hidden=zero_columns,
+    windows=None,
 ) -> None:
-    """Train ``model`` in place with brute-force TBPTT(k1, k2) on ``batches`` of ``(x, y)`` or ``(x, y, starts)``."""
+    """Train ``model`` in place with brute-force TBPTT(k1, k2) on ``batches`` of ``(x, y)`` or ``(x, y, starts)``.
+
+    ``windows``: the ``(start, end, cut)`` of every window, stream after stream, in place of SPEC.md's fixed
+    k1, k2 rule (for variable window sources).
+    """
+    recorded = None if windows is None else iter(windows)
     names = [name for name, _ in model.named_parameters()]
 
     def call(params, x, hidden):
@@ -122,9 +128,17 @@ def reference_train(
                     _, h = call(params_at[t], step_of(x, t), entering(hiddens[t], starts, t))
                 hiddens.append(h)
                 end = t + 1
-                if end - start < k1 and end < length:
-                    continue
-                cut = spec_cut(k1, k2, start, end)
+                if recorded is None:
+                    if end - start < k1 and end < length:
+                        continue
+                    cut = spec_cut(k1, k2, start, end)
+                else:
+                    if end == start + 1:  # a window starts: where it ends and cuts, as recorded
+                        window = next(recorded)
+                        assert window[0] == start, (window, start)
+                    if end < window[1]:
+                        continue
+                    cut = window[2]
                 for u in range(start, end):
                     first = cut if u >= cut else u
                     copies = [
