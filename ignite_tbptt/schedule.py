@@ -118,8 +118,30 @@ class WindowSource(ABC):
         return self.window(window.end).cut <= step
 
 
+class _K2Rule:
+    """SPEC.md's cut for a window's own start and end, for sources with a ``k1`` and a ``k2``."""
+
+    k1: int
+    k2: int
+
+    def cut(self, start: int, end: int) -> int:
+        """Cut of the window ``[start, end)``: the first step its backward pass reaches.
+
+        ``start - (k2 - k1)``, never before the stream's start, for ``k2 >= k1``; ``max(start, end - k2)`` for
+        ``k2 < k1``.
+        """
+        if self.k2 >= self.k1:
+            return max(0, start - (self.k2 - self.k1))
+        return max(start, end - self.k2)
+
+    @property
+    def spans_windows(self) -> bool:
+        """Only k2 > k1 reaches into earlier windows."""
+        return self.k2 > self.k1
+
+
 @dataclass(frozen=True)
-class Schedule(WindowSource):
+class Schedule(_K2Rule, WindowSource):
     """The windows and cuts of TBPTT(k1, k2): a window every ``k1`` steps, reaching ``k2`` steps back.
 
     A window ends after every ``k1`` steps of the stream and at the end of the stream, so the last window
@@ -158,17 +180,6 @@ class Schedule(WindowSource):
         end = start + self.k1
         return Window(start, end, self.cut(start, end))
 
-    def cut(self, start: int, end: int) -> int:
-        """Cut of the window ``[start, end)``: the first step its backward pass reaches."""
-        if self.k2 >= self.k1:
-            return max(0, start - (self.k2 - self.k1))
-        return max(start, end - self.k2)
-
-    @property
-    def spans_windows(self) -> bool:
-        """Only k2 > k1 reaches into earlier windows."""
-        return self.k2 > self.k1
-
     def window_start(self, step: int) -> int:
         """First step of the window that contains ``step``."""
         return step - step % self.k1
@@ -195,7 +206,7 @@ class Schedule(WindowSource):
         return {"k1": self.k1, "k2": self.k2}
 
 
-class RandomWindows(WindowSource):
+class RandomWindows(_K2Rule, WindowSource):
     """Windows of random length, as AWD-LSTM draws its BPTT lengths, with the k2 rule applied to each window.
 
     Each window's length is drawn when the trainer first asks for it (Merity, Keskar & Socher, 2018,
@@ -260,17 +271,6 @@ class RandomWindows(WindowSource):
             self._ends[start] = start + max(self.min_length, round(self._random.gauss(base, self.std)))
         end = self._ends[start]
         return Window(start, end, self.cut(start, end))
-
-    def cut(self, start: int, end: int) -> int:
-        """SPEC.md's cut for the window ``[start, end)``."""
-        if self.k2 >= self.k1:
-            return max(0, start - (self.k2 - self.k1))
-        return max(start, end - self.k2)
-
-    @property
-    def spans_windows(self) -> bool:
-        """Only k2 > k1 reaches into earlier windows."""
-        return self.k2 > self.k1
 
     def reset(self) -> None:
         """A new stream: forget its windows; the generator goes on."""

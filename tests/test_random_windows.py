@@ -1,7 +1,5 @@
 """RandomWindows: AWD-LSTM's variable lengths against the brute-force reference driven by the recorded windows."""
 
-import copy
-
 import pytest
 import torch
 from ignite.engine import Events
@@ -9,37 +7,16 @@ from ignite.handlers import Checkpoint, DiskSaver
 
 from ignite_tbptt import RandomWindows, TBPTTEvents, create_tbptt_trainer
 
-from .helpers import assert_same_parameters, assert_trained, make_batches, sgd
-from .reference import Net, cross_entropy, reference_train
+from .helpers import compare_with_reference, make_batches, sgd
+from .reference import Net, cross_entropy
 
 
-def train_with_random_windows(k1, k2, accumulation, carry_hidden=True, epochs=2):
-    torch.manual_seed(0)
-    model = Net().double()
-    initial, ref = copy.deepcopy(model), copy.deepcopy(model)
-    batches = make_batches((11, 17, 8))
+def train_with_random_windows(k1, k2, accumulation, carry_hidden=True):
     source = RandomWindows(k1, k2, std=2.0, min_length=1, seed=3)
-    trainer = create_tbptt_trainer(
-        model, sgd(model), cross_entropy, source, carry_hidden=carry_hidden, gradient_accumulation_steps=accumulation
+    trainer = compare_with_reference(
+        source, None, carry_hidden=carry_hidden, accumulation=accumulation, lengths=(11, 17, 8)
     )
-    bounds = []
-    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda e: bounds.append(e.state.window_bounds))
-    trainer.run(batches, max_epochs=epochs)
-    reference_train(
-        ref,
-        sgd(ref),
-        cross_entropy,
-        batches,
-        k1,
-        k2,
-        carry_hidden=carry_hidden,
-        accumulation=accumulation,
-        epochs=epochs,
-        windows=bounds,
-    )
-    assert_trained(ref, initial)
-    assert_same_parameters(model, ref)
-    return bounds
+    return trainer.recorded_windows
 
 
 @pytest.mark.parametrize("k1,k2", [(5, 5), (4, 7), (6, 3)], ids=["k2=k1", "k2>k1", "k2<k1"])
