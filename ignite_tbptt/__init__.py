@@ -6,6 +6,7 @@ from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
 from .metrics import BitsPerTarget, Perplexity
 from .plot import plot_columns, plot_schedule
+from .reach import GradientReach
 from .schedule import RandomWindows, Schedule, Window, WindowSource
 from .tensorboard import attach_tensorboard
 from .trainer import TBPTTStep, create_tbptt_trainer, default_model_fn, tbptt_training_step
@@ -26,6 +27,7 @@ __all__ = [
     "BitsPerTarget",
     "Perplexity",
     "GradientClipping",
+    "GradientReach",
     "gradient_norm",
     "plot_schedule",
     "plot_columns",

@@ -66,6 +66,8 @@ class TBPTTStep:
         self._loaded: dict | None = None
         self._unchecked_columns: int | None = None  # a stream's first hidden state awaiting the reset check
         self._failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
+        self.reach_every: int | None = None  # record the gradient reach of every n-th window (GradientReach)
+        self._recording = False
 
     @property
     def schedule(self) -> WindowSource:
@@ -95,7 +97,7 @@ class TBPTTStep:
     def attach(self, engine: Engine) -> None:
         """Register the events, counters and the handlers that start and end streams and epochs on ``engine``."""
         register_tbptt_events(engine)
-        engine.state.window_loss = engine.state.window_bounds = None
+        engine.state.window_loss = engine.state.window_bounds = engine.state.gradient_reach = None
         engine.state.window_targets = engine.state.targets_seen = engine.state.step_targets = 0
         if "targets_seen" not in engine.state_dict_user_keys:
             engine.state_dict_user_keys.append("targets_seen")
@@ -205,11 +207,13 @@ class TBPTTStep:
         """
         stream = self.stream
         hidden = stream.hidden
-        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
+        # A recorded window also needs the gradient at its cut, which its sweep otherwise does not compute.
+        requires_grad = plan.hidden_requires_grad or (self._recording and plan.retained)
+        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, requires_grad)
         replay = None
         if plan.loss_owed:
             version = self.versions.current if self.versions is not None else None
-            replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
+            replay = Replay(x, hidden_in, rng.capture(x.device), version, requires_grad, resets)
         with torch.no_grad() if plan.recompute else nullcontext():
             y_pred, hidden_out = self.forward(x, hidden_in, plan.keep_weights, resets)
         if self._unchecked_columns is not None:  # before the first reset uses it, and before any backward
@@ -249,6 +253,7 @@ class TBPTTStep:
         self.optim.window_started()
         self.stream.open_window()
         engine.state.window += 1
+        self._recording = self.reach_every is not None and engine.state.window % self.reach_every == 0
         engine.fire_event(TBPTTEvents.WINDOW_STARTED)
         engine.fire_event(Tbptt_Events.TIME_ITERATION_STARTED)
 
@@ -257,7 +262,9 @@ class TBPTTStep:
         start = stream.window.start
         cut = self.source.cut(start, end)
         next_cut = self.source.window(end).cut if stream_continues else None
-        stream.history.backward(start, cut, next_cut)
+        reach: list | None = [] if self._recording else None
+        stream.history.backward(start, cut, next_cut, reach)
+        engine.state.gradient_reach = None if reach is None else self._reach(reach, end, stream.window_targets)
         stream.window = None
         if self.optim.window_completed():
             self._optimizer_step(engine)
@@ -269,6 +276,16 @@ class TBPTTStep:
         engine.state.output = float(engine.state.window_loss)
         engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)
         engine.fire_event(Tbptt_Events.TIME_ITERATION_COMPLETED)
+
+    def _reach(self, reach: list, end: int, targets: int) -> dict[int, float]:
+        """Lag (steps back from the window's end) -> norm of the hidden-state gradient of the window's mean loss."""
+        scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+        norms = {}
+        for step, grads in reach:
+            squares = [g.detach().double().pow(2).sum() for g in grads if g is not None]
+            total = torch.stack(squares).sum().sqrt() if squares else torch.zeros((), dtype=torch.float64)
+            norms[end - step] = float(total) / scale / max(targets, 1)
+        return dict(sorted(norms.items()))
 
     def _optimizer_step(self, engine: Engine) -> None:
         if self.stream.history.segments:

@@ -137,7 +137,7 @@ class RetainedHistory:
         """Drop every retained graph (at the end of a stream, or after a skipped optimizer step)."""
         self.segments.clear()
 
-    def backward(self, start: int, cut: int, next_cut: int | None) -> None:
+    def backward(self, start: int, cut: int, next_cut: int | None, reach: list | None = None) -> None:
         """Backward sweep of the window that starts at ``start``, then drop what the next window does not reach.
 
         Every step's loss in the window flows back to the window's cut; segments of the window that lie
@@ -147,6 +147,8 @@ class RetainedHistory:
             start: first step of the window; its last segment must have been appended.
             cut: the window's cut.
             next_cut: the cut of the next window, or ``None`` if the stream ends with this window.
+            reach: if a list, each traversed segment from the cut on appends ``(step, gradients)``: the gradient
+                of the window's (scaled, summed) loss reaching its input hidden state, one entry per tensor.
         """
         hidden_grad = None
         for segment in reversed(self.segments):
@@ -157,6 +159,8 @@ class RetainedHistory:
                 continue
             retain = next_cut is not None and segment.start >= next_cut
             reached = self._traverse(segment, hidden_grad, retain)
+            if reach is not None and reached:
+                reach.append((segment.start, reached))
             hidden_grad = reached if segment.start > cut else None
         if next_cut is None:
             self.segments.clear()
