@@ -4,8 +4,36 @@ from pathlib import Path
 
 import torch
 
-from ignite_tbptt import plot_columns, plot_schedule
-from ignite_tbptt.data import pack_sequences
+from ignite_tbptt import GradientReach, TBPTTEvents, create_tbptt_trainer, plot_columns, plot_reach, plot_schedule
+from ignite_tbptt.data import pack_sequences, stream_batches
+from ignite_tbptt.examples.char_lm import CharLSTM, Vocabulary, cross_entropy, stdlib_corpus
+
+
+def reach_figure(path: Path) -> None:
+    """The gradient reach of a real run: a small char-LSTM on the standard library, TBPTT(25, 50), 1,200 windows."""
+    torch.manual_seed(0)
+    text = stdlib_corpus()[:240_000]
+    vocab = Vocabulary(text)
+    model = CharLSTM(len(vocab), embedding=32, hidden=128)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 25, 50, carry_hidden=True)
+    GradientReach(every=10).attach(trainer)
+    early, late = [], []
+    trainer.add_event_handler(
+        TBPTTEvents.WINDOW_COMPLETED(every=10),
+        lambda e: (early if e.state.window <= 300 else late).append(e.state.gradient_reach),
+    )
+    trainer.run(stream_batches(vocab.encode(text), batch_size=8, length=100))
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(10, 3.6), layout="constrained")
+    left, right = fig.subplots(1, 2, sharey=True)
+    plot_reach(early, ax=left)
+    plot_reach(late, ax=right)
+    left.set_title(f"windows 1-300 ({len(early)} recorded)")
+    right.set_title(f"windows 301-{trainer.state.window} ({len(late)} recorded)")
+    fig.savefig(path, dpi=90)
+
 
 HERE = Path(__file__).parent / "images"
 
@@ -16,3 +44,4 @@ if __name__ == "__main__":
     lengths = torch.randint(3, 22, (9,), generator=torch.Generator().manual_seed(4)).tolist()
     sequences = [torch.arange(n) for n in lengths]
     plot_columns(pack_sequences(sequences, batch_size=3, length=12), k1=4).savefig(HERE / "packed_columns.png", dpi=90)
+    reach_figure(HERE / "gradient_reach.png")

@@ -5,7 +5,7 @@ from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
 from .metrics import BitsPerTarget, Perplexity
-from .plot import plot_columns, plot_schedule
+from .plot import plot_columns, plot_reach, plot_schedule
 from .reach import GradientReach
 from .schedule import RandomWindows, Schedule, Window, WindowSource
 from .tensorboard import attach_tensorboard
@@ -31,6 +31,7 @@ __all__ = [
     "gradient_norm",
     "plot_schedule",
     "plot_columns",
+    "plot_reach",
     "attach_tensorboard",
 ]
 __version__ = "0.2.0"

@@ -14,7 +14,7 @@ if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["plot_schedule", "plot_columns"]
+__all__ = ["plot_schedule", "plot_columns", "plot_reach"]
 
 _REACH, _LOSS, _OWN, _CUT = "#9ecae1", "#08519c", "#fdae6b", "#cb181d"
 
@@ -168,4 +168,50 @@ def plot_columns(
         ax.figure.legend(handles=handles, loc="outside right upper", frameon=False)
     else:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax.figure
+
+
+def plot_reach(profiles: Iterable[dict[int, float]], ax: Axes | None = None) -> Figure:
+    """Draw gradient-reach profiles: the hidden-state gradient norm against the lag, relative to each window's largest.
+
+    Each profile (``engine.state.gradient_reach`` of :class:`~ignite_tbptt.GradientReach`) is a thin line; the
+    median over profiles at each lag a thick one, on a log scale. A curve that is still high at its largest
+    lag (the cut) says that truncation throws away gradient of the same size as what it keeps: k2 may be too
+    short. One that has fallen by orders of magnitude well before the cut says that k2 reaches far enough.
+
+    Args:
+        profiles: dicts mapping lag (steps back from the window's end) to a gradient norm.
+        ax: matplotlib axes to draw into; default: a new figure.
+
+    Returns:
+        The matplotlib figure; the median line carries ``gid`` ``"median"``.
+
+    Raises:
+        ValueError: if no profile has an entry.
+
+    Examples:
+        >>> fig = plot_reach([{5: 1.0, 10: 0.1, 15: 0.01}, {5: 2.0, 10: 0.4, 15: 0.05}])
+    """
+    from matplotlib.figure import Figure
+
+    relative = []
+    for profile in profiles:
+        largest = max(profile.values(), default=0.0)
+        if largest > 0:
+            relative.append({lag: norm / largest for lag, norm in profile.items()})
+    if not relative:
+        raise ValueError("plot_reach needs at least one profile with a non-zero gradient norm.")
+    if ax is None:
+        fig = Figure(figsize=(6.0, 3.6), layout="constrained")
+        ax = fig.add_subplot()
+    for profile in relative:
+        lags = sorted(profile)
+        ax.plot(lags, [max(profile[lag], 1e-12) for lag in lags], color="#9ecae1", lw=0.6, alpha=0.6)
+    lags = sorted({lag for profile in relative for lag in profile})
+    medians = [float(torch.tensor([p[lag] for p in relative if lag in p]).median()) for lag in lags]
+    ax.plot(lags, [max(m, 1e-12) for m in medians], color="#08519c", lw=2.5, marker="o", gid="median")
+    ax.set_yscale("log")
+    ax.set_xlabel("lag: steps back from the window's end")
+    ax.set_ylabel("|d loss / d hidden| / window's largest")
+    ax.set_title(f"gradient reach ({len(relative)} windows; thick: median)")
     return ax.figure

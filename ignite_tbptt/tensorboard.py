@@ -69,6 +69,31 @@ class _Telemetry:
         state.peak_memory_mib = float("nan") if peak is None else peak
 
 
+class _ReachLog:
+    """Logs :class:`~ignite_tbptt.GradientReach`'s profiles: a scalar per recorded window, a picture now and then."""
+
+    def __init__(self, tb: TensorboardLogger, step: Any, picture_every: int) -> None:
+        self.tb, self.step, self.picture_every = tb, step, picture_every
+        self.profiles: list[dict[int, float]] = []
+
+    def __call__(self, engine: Engine) -> None:
+        reach = engine.state.gradient_reach
+        if not reach:
+            return
+        start, end, cut = engine.state.window_bounds
+        step = self.step(engine, TBPTTEvents.WINDOW_COMPLETED)
+        largest = max(reach.values())
+        if end - cut in reach and largest > 0:  # no cut entry where the window reaches the stream's start
+            self.tb.writer.add_scalar("train/reach_at_cut", reach[end - cut] / largest, step)
+        self.profiles.append(reach)
+        if len(self.profiles) == self.picture_every:
+            from .plot import plot_reach  # imports matplotlib
+
+            if any(v > 0 for p in self.profiles for v in p.values()):
+                self.tb.writer.add_figure("gradient_reach", plot_reach(self.profiles), step)
+            self.profiles = []
+
+
 def attach_tensorboard(
     trainer: TBPTTEngine | DeterministicTBPTTEngine,
     logger: str | Path | TensorboardLogger,
@@ -77,6 +102,7 @@ def attach_tensorboard(
     hparams: Mapping[str, Any] | None = None,
     x_axis: str = "windows",
     every: int = 1,
+    reach_picture_every: int = 100,
 ) -> TensorboardLogger:
     """Log the training curves, validation metrics, hyper-parameters and schedule of a TBPTT run.
 
@@ -91,6 +117,12 @@ def attach_tensorboard(
     - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
       peak resident set (where the platform reports it).
 
+    With a :class:`~ignite_tbptt.GradientReach` attached (before this call), for every recorded window
+    ``train/reach_at_cut``: the hidden-state gradient norm at the window's cut over the largest of the window
+    (near 1: truncation throws away as much gradient as it keeps, so k2 may be too short; orders of magnitude
+    below 1: k2 reaches far enough), and every ``reach_picture_every`` recorded windows the picture
+    ``gradient_reach`` of their profiles (:func:`~ignite_tbptt.plot_reach`).
+
     After each run of an evaluator, its ``engine.state.metrics`` under the evaluator's name. Once, at
     attachment: the hyper-parameters (the trainer's k1, k2, ... and ``hparams``) for TensorBoard's HParams
     tab, and the schedule picture (:func:`~ignite_tbptt.plot_schedule`) as the image ``schedule``.
@@ -103,19 +135,23 @@ def attach_tensorboard(
         x_axis: ``"windows"`` (``engine.state.window``) or ``"tokens"`` (``engine.state.targets_seen``, the
             targets processed so far) for every curve, validation included.
         every: log the training curves every ``every`` windows.
+        reach_picture_every: recorded windows per gradient-reach picture.
 
     Returns:
         The ``TensorboardLogger``; close it at the end of the run (``logger.close()``).
 
     Raises:
-        TypeError: if ``trainer`` does not come from ``create_tbptt_trainer``, or ``every`` is not an int.
-        ValueError: if ``x_axis`` is neither ``"windows"`` nor ``"tokens"``, or ``every`` is not positive.
+        TypeError: if ``trainer`` does not come from ``create_tbptt_trainer``, or ``every`` or
+            ``reach_picture_every`` is not an int.
+        ValueError: if ``x_axis`` is neither ``"windows"`` nor ``"tokens"``, or ``every`` or
+            ``reach_picture_every`` is not positive.
     """
     if not hasattr(trainer, "tbptt"):
         raise TypeError("trainer must be an engine returned by create_tbptt_trainer.")
     if x_axis not in ("windows", "tokens"):
         raise ValueError(f'x_axis must be "windows" or "tokens", got {x_axis!r}.')
     positive_int("every", every, "windows between logs")
+    positive_int("reach_picture_every", reach_picture_every, "recorded windows per picture")
     tb = logger if isinstance(logger, TensorboardLogger) else TensorboardLogger(log_dir=str(logger))
     if x_axis == "windows":
         step = global_step_from_engine(trainer, TBPTTEvents.WINDOW_COMPLETED)
@@ -140,6 +176,8 @@ def attach_tensorboard(
         trainer.add_event_handler(window_event, lambda engine: engine.fire_event(_TokensLogged.TRAIN))
         lr_event = _TokensLogged.TRAIN
     tb.attach(trainer, OptimizerParamsHandler(trainer.tbptt.optimizer, tag="train"), lr_event)
+    if trainer.tbptt.reach_every is not None:
+        trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, _ReachLog(tb, step, reach_picture_every))
     for name, evaluator in (evaluators or {}).items():
         tb.attach_output_handler(evaluator, Events.COMPLETED, tag=name, metric_names="all", global_step_transform=step)
 

@@ -149,3 +149,30 @@ def test_schedule_picture_matches_the_schedule():
             own += s.cut(start, end) - start if k2 < k1 else 0
         assert sum(gid.startswith("own-") for gid in patches) == own
         assert own == (6 if (k1, k2) == (5, 2) else 0)  # 3 steps in each of the 2 full windows
+
+
+def test_gradient_reach_is_logged_as_a_scalar_per_recorded_window_and_a_picture(tmp_path):
+    from ignite_tbptt import GradientReach, TBPTTEvents
+
+    torch.manual_seed(0)
+    model = Net()
+    trainer = create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cross_entropy, 4, 6)
+    GradientReach(every=2).attach(trainer)
+    expected = {}
+
+    def remember(engine):
+        reach, (_, end, cut) = engine.state.gradient_reach, engine.state.window_bounds
+        if reach and end - cut in reach:
+            expected[engine.state.window] = reach[end - cut] / max(reach.values())
+
+    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, remember)
+    logger = attach_tensorboard(trainer, tmp_path, reach_picture_every=2)
+    trainer.run([(x.float(), y) for x, y in make_batches([16, 16])])
+    logger.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    scalars = events.Scalars("train/reach_at_cut")
+    assert len(expected) >= 4  # windows 2, 4, 6, 8; each batch's first window reaches the stream's start
+    assert {e.step: pytest.approx(e.value, rel=1e-5) for e in scalars} == expected
+    assert all(0 < v <= 1 for v in expected.values())
+    assert "gradient_reach" in events.Tags()["images"]

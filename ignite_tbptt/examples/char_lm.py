@@ -42,6 +42,7 @@ from torch import nn
 from ignite_tbptt import (
     BitsPerTarget,
     GradientClipping,
+    GradientReach,
     attach_tensorboard,
     create_tbptt_evaluator,
     create_tbptt_trainer,
@@ -219,6 +220,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=100, help="iterations between checkpoints, 0 for none")
     p.add_argument("--resume", type=Path, help="checkpoint file to continue from")
     p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    p.add_argument(
+        "--reach",
+        type=int,
+        default=0,
+        help="record the gradient reach of every N-th window (TensorBoard: train/reach_at_cut and the\n"
+        "gradient_reach picture), 0 for none",
+    )
     return p.parse_args(argv)
 
 
@@ -312,9 +320,13 @@ def main(argv: list[str] | None = None) -> dict:
         Checkpoint.load_objects(to_save, torch.load(args.resume, map_location=device, weights_only=False))
         say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
 
+    if args.reach:
+        GradientReach(every=args.reach).attach(trainer)
     hparams = {name: getattr(args, name) for name in ("lr", "batch_size", "seq_len", "hidden", "embedding", "clip")}
     tb_logger = (
-        attach_tensorboard(trainer, args.logdir, evaluators={"validation": evaluator}, hparams=hparams)
+        attach_tensorboard(
+            trainer, args.logdir, evaluators={"validation": evaluator}, hparams=hparams, reach_picture_every=50
+        )
         if rank0
         else None
     )
