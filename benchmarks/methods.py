@@ -14,7 +14,7 @@ from ignite.contrib.engines.tbptt import create_supervised_tbptt_trainer
 from torch import nn
 from torch.func import functional_call
 
-from ignite_tbptt import create_tbptt_trainer
+from ignite_tbptt import GradientReach, RandomWindows, create_tbptt_trainer
 
 __all__ = ["CharModel", "loss_fn", "hand", "segmented", "ignite", "chained", "recompute", "ours"]
 
@@ -91,9 +91,14 @@ def ignite(model, optimizer, batches, k1, k2, device):
     _sync(device)
 
 
-def ours(model, optimizer, batches, k1, k2, device, recompute_steps=None):
-    """``create_tbptt_trainer``."""
-    trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1, k2, recompute=recompute_steps)
+def ours(model, optimizer, batches, k1, k2, device, recompute_steps=None, random_windows=False, reach_every=None):
+    """``create_tbptt_trainer``; with AWD-LSTM's random window lengths, or recording the gradient reach."""
+    windows = RandomWindows(k1, k2, seed=0) if random_windows else k1
+    trainer = create_tbptt_trainer(
+        model, optimizer, loss_fn, windows, None if random_windows else k2, recompute=recompute_steps
+    )
+    if reach_every is not None:
+        GradientReach(every=reach_every).attach(trainer)
     trainer.run(batches)
     _sync(device)
 

@@ -60,6 +60,9 @@ and slowest run.
   start at each step of each column with probability 1 / (4 k1)). Every step where some column starts
   ends a segment, so with 32 columns the model is called on much shorter pieces; *vs ours* is its time
   over that of the same run without starts.
+- **ours, random windows** and **ours, reach every 100** (with `--truncation`): `create_tbptt_trainer`
+  with `RandomWindows(k1, k2)` (AWD-LSTM's lengths: mean a little below k1), and with `GradientReach(every=100)`
+  recording every 100th window; *vs ours* compares them with fixed windows.
 - **compute limit**: the hand loop's own forward, backward and optimizer-step times, in chunks of k1,
   combined as forward + (k2 / k1) x backward + step: every step runs forward once and backward k2 / k1
   times on average, with one optimizer step per window, and no cost per call. **compute limit,
@@ -125,6 +128,9 @@ def run_time(args, device):
                 contenders[f"ours, recompute={length}"] = (methods.ours, {"recompute_steps": length})
             if args.documents:
                 contenders["ours, documents"] = (methods.ours, {"data": with_documents(batches, 4 * k1)})
+            if args.truncation:
+                contenders["ours, random windows"] = (methods.ours, {"random_windows": True})
+                contenders["ours, reach every 100"] = (methods.ours, {"reach_every": 100})
             times = {name: [] for name in contenders}
             phases = []
             for name, (method, kwargs) in contenders.items():  # warm-up, untimed
@@ -189,7 +195,8 @@ def run_memory(args):
 
 def table(time_rows, memory_rows):
     header = "| model | k1 | k2 | method | tokens/s (median) | time s (median, min-max) | vs compute limit | vs hand |"
-    documents = any(r["method"] == "ours, documents" for r in time_rows)
+    compared = ("ours, documents", "ours, random windows", "ours, reach every 100")
+    documents = any(r["method"] in compared for r in time_rows)
     lines = [header + (" vs ours |" if documents else ""), "|---|---|---|---|---|---|---|---|" + "---|" * documents]
     for row in time_rows:
         same = {
@@ -198,7 +205,7 @@ def table(time_rows, memory_rows):
         ratios = []
         references = ["compute limit", "hand" if row["k1"] == row["k2"] else "hand, exact segments"]
         for reference in references + ["ours"] * documents:
-            useful = reference in same and (reference != "ours" or row["method"] == "ours, documents")
+            useful = reference in same and (reference != "ours" or row["method"] in compared)
             ratios.append(f"{row['seconds'] / same[reference]['seconds']:.2f}x" if useful else "")
         lo, hi = row["spread"]
         lines.append(
@@ -249,6 +256,9 @@ def main(argv=None):
     p.add_argument(
         "--documents", action="store_true", help="also time ours with sequence starts every 4 x k1 steps on average"
     )
+    p.add_argument(
+        "--truncation", action="store_true", help="also time ours with RandomWindows and with GradientReach(every=100)"
+    )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))
     p.add_argument("--markdown", type=Path, help="also write the table, machine and command to this file")
@@ -271,6 +281,7 @@ def main(argv=None):
     if args.markdown:
         title = "Benchmarks" if device.type == "cpu" else f"Benchmarks on {device.type.upper()}"
         title += ": sequence starts" if args.documents else ""
+        title += ": variable and recorded truncation" if args.truncation else ""
         args.markdown.write_text(
             PAGE.format(title=title, machine=machine, device=args.device, command=result["command"]) + text + "\n"
         )

@@ -1,5 +1,6 @@
 """Generalised truncated backpropagation through time, TBPTT(k1, k2), for PyTorch-Ignite."""
 
+from .adaptive import AdaptiveTruncation
 from .clipping import GradientClipping, gradient_norm
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .evaluator import create_tbptt_evaluator
@@ -20,6 +21,7 @@ __all__ = [
     "TBPTTEvents",
     "Schedule",
     "RandomWindows",
+    "AdaptiveTruncation",
     "Window",
     "WindowSource",
     "default_model_fn",

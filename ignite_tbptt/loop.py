@@ -105,6 +105,7 @@ class TBPTTStep:
         engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self.end_epoch)
         self._engine = engine
+        self.source.attach(engine, self)
 
     def _started(self, engine: Engine) -> None:
         self._failed = None
@@ -115,6 +116,9 @@ class TBPTTStep:
         if self._loaded is not None and engine.state.iteration > 0:
             self.stream.load_state_dict(self._loaded)
             self.optim.load_state_dict(self._loaded)
+            # A window left open goes on being recorded if it was (GradientReach, AdaptiveTruncation).
+            open_window = self.stream.window is not None and self.reach_every is not None
+            self._recording = open_window and engine.state.window % self.reach_every == 0
         else:
             self.stream.reset()
             self.optim.reset()

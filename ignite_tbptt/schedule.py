@@ -83,6 +83,10 @@ class WindowSource(ABC):
         """The source's hyper-parameters, for logging."""
         return {}
 
+    def attach(self, engine: Any, step: Any) -> None:
+        """Called when the trainer ``step`` attaches to ``engine``: sources that learn from the run hook in here."""
+        return None
+
     def boundary(self, window: Window, step: int, stream_end: int | None = None) -> int:
         """End (exclusive) of the longest run of steps from ``step`` that one model call may cover.
 

@@ -127,3 +127,31 @@ def compare_with_reference(
     assert_trained(ref, initial)
     assert_same_parameters(model, ref)
     return trainer
+
+
+def assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=6, epochs=3):
+    """Stop a run at ``stop_at`` through ignite's ``Checkpoint``, resume it in a new trainer: the same parameters.
+
+    ``build()`` returns ``(model, optimizer, trainer)``, seeded the same way each time.
+    """
+    from ignite.engine import Events
+    from ignite.handlers import Checkpoint, DiskSaver
+
+    model, _, trainer = build()
+    trainer.run(batches, max_epochs=epochs)
+    uninterrupted = [p.detach().clone() for p in model.parameters()]
+
+    model, optimizer, trainer = build()
+    to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
+    saver = Checkpoint(to_save, DiskSaver(tmp_path, require_empty=False), n_saved=None)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), saver)
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
+    trainer.run(batches, max_epochs=epochs)
+
+    model, optimizer, trainer = build()
+    (path,) = tmp_path.glob("checkpoint_*.pt")
+    checkpoint = torch.load(path, weights_only=False)  # ignite's DeterministicEngine saves numpy's random state
+    Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, checkpoint)
+    trainer.run(batches, max_epochs=epochs)
+    for p, q in zip(model.parameters(), uninterrupted):
+        assert torch.equal(p, q)

@@ -2,12 +2,10 @@
 
 import pytest
 import torch
-from ignite.engine import Events
-from ignite.handlers import Checkpoint, DiskSaver
 
 from ignite_tbptt import RandomWindows, TBPTTEvents, create_tbptt_trainer
 
-from .helpers import compare_with_reference, make_batches, sgd
+from .helpers import assert_resume_is_bit_identical, compare_with_reference, make_batches, sgd
 from .reference import Net, cross_entropy
 
 
@@ -65,26 +63,7 @@ def test_resuming_mid_epoch_draws_what_the_uninterrupted_run_drew(tmp_path):
         trainer = create_tbptt_trainer(model, optimizer, cross_entropy, source, carry_hidden=True, deterministic=True)
         return model, optimizer, trainer
 
-    batches = [(x.float(), y) for x, y in make_batches([7, 12, 5, 9])]
-    model, _, trainer = build()
-    trainer.run(batches, max_epochs=3)
-    uninterrupted = [p.detach().clone() for p in model.parameters()]
-
-    model, optimizer, trainer = build()
-    to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
-    saver = Checkpoint(to_save, DiskSaver(tmp_path, require_empty=False), n_saved=None)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=6), saver)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=6), lambda e: e.terminate())
-    trainer.run(batches, max_epochs=3)
-
-    model, optimizer, trainer = build()
-    (path,) = tmp_path.glob("checkpoint_*.pt")
-    Checkpoint.load_objects(
-        {"trainer": trainer, "model": model, "optimizer": optimizer}, torch.load(path, weights_only=False)
-    )
-    trainer.run(batches, max_epochs=3)
-    for p, q in zip(model.parameters(), uninterrupted):
-        assert torch.equal(p, q)
+    assert_resume_is_bit_identical(tmp_path, build, [(x.float(), y) for x, y in make_batches([7, 12, 5, 9])])
 
 
 def test_random_windows_check_their_arguments_and_k2():
