@@ -18,9 +18,17 @@ from .forward import ModelCall
 from .optimizer_step import OptimizerStep
 from .plan import SegmentPlan, plan_segment
 from .schedule import WindowSource
-from .starts import check_resettable, check_starts, default_reset_hidden, split_batch, start_steps, starts_at
+from .starts import (
+    check_pair,
+    check_resettable,
+    check_starts,
+    default_reset_hidden,
+    split_batch,
+    start_steps,
+    starts_at,
+)
 from .stream import StreamState
-from .sweep import Replay, RetainedHistory, Segment
+from .sweep import Replay, RetainedHistory, Segment, reach_profile
 
 __all__ = ["TBPTTStep"]
 
@@ -268,7 +276,8 @@ class TBPTTStep:
         next_cut = self.source.window(end).cut if stream_continues else None
         reach: list | None = [] if self._recording else None
         stream.history.backward(start, cut, next_cut, reach)
-        engine.state.gradient_reach = None if reach is None else self._reach(reach, end, stream.window_targets)
+        scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+        engine.state.gradient_reach = None if reach is None else reach_profile(reach, end, stream.window_targets, scale)
         stream.window = None
         if self.optim.window_completed():
             self._optimizer_step(engine)
@@ -280,16 +289,6 @@ class TBPTTStep:
         engine.state.output = float(engine.state.window_loss)
         engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)
         engine.fire_event(Tbptt_Events.TIME_ITERATION_COMPLETED)
-
-    def _reach(self, reach: list, end: int, targets: int) -> dict[int, float]:
-        """Lag (steps back from the window's end) -> norm of the hidden-state gradient of the window's mean loss."""
-        scale = self.scaler.get_scale() if self.scaler is not None else 1.0
-        norms = {}
-        for step, grads in reach:
-            squares = [g.detach().double().pow(2).sum() for g in grads if g is not None]
-            total = torch.stack(squares).sum().sqrt() if squares else torch.zeros((), dtype=torch.float64)
-            norms[end - step] = float(total) / scale / max(targets, 1)
-        return dict(sorted(norms.items()))
 
     def _optimizer_step(self, engine: Engine) -> None:
         if self.stream.history.segments:
@@ -328,20 +327,7 @@ class TBPTTStep:
             does.
         """
         td = self.time_dim
-        for name, t in (("x", x), ("y", y)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"prepare_batch must return tensors (x, y); {name} is a {type(t).__name__}.")
-            if not -t.dim() <= td < t.dim():
-                raise ValueError(
-                    f"time_dim={td} is out of range for {name} of shape {tuple(t.shape)}; "
-                    f"pass the index of the time dimension (0 for (T, B, *), 1 for (B, T, *))."
-                )
-        if x.shape[td] != y.shape[td]:
-            raise ValueError(
-                f"x and y must have the same length along time_dim={td}, got {x.shape[td]} and {y.shape[td]}."
-            )
-        if x.shape[td] == 0 or x.numel() == 0:
-            raise ValueError(f"empty batch: x has shape {tuple(x.shape)}; every batch needs at least one step.")
+        length = check_pair(x, y, td)
         start_rows = {} if starts is None else self._check_starts(x, starts)
         if self.carry_hidden and x.dim() > 1:
             streams = x.shape[1 if td == 0 else 0]
@@ -352,7 +338,7 @@ class TBPTTStep:
                     "(stream_batches lays out equal columns), or use carry_hidden=False."
                 )
             self.stream.streams = streams
-        return x.shape[td], start_rows
+        return length, start_rows
 
     def _check_starts(self, x: torch.Tensor, starts: Any) -> dict[int, torch.Tensor]:
         axis = check_starts(starts, x, self.time_dim)

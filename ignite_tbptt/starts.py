@@ -1,4 +1,4 @@
-"""Sequence starts inside a stream's columns: batches ``(x, y, starts)`` and the hidden-state reset.
+"""Batches ``(x, y)`` and ``(x, y, starts)``: their checks, sequence starts and the hidden-state reset.
 
 A stream of many sequences (documents, episodes, recordings) is laid out in parallel columns, each column a
 queue of sequences (:func:`~ignite_tbptt.data.pack_sequences`). ``starts[t, b]`` True says that a new sequence
@@ -21,6 +21,7 @@ from . import hidden as hs
 __all__ = [
     "prepare_batch",
     "split_batch",
+    "check_pair",
     "check_starts",
     "start_steps",
     "starts_at",
@@ -54,6 +55,31 @@ def split_batch(prepared: Any) -> tuple[Any, Any, Any]:
     if isinstance(prepared, (tuple, list)) and len(prepared) in (2, 3):
         return prepared[0], prepared[1], prepared[2] if len(prepared) == 3 else None
     raise TypeError(f"prepare_batch must return (x, y) or (x, y, starts), got {type(prepared).__name__}.")
+
+
+def check_pair(x: Any, y: Any, time_dim: int) -> int:
+    """Check that ``x`` and ``y`` are tensors of one non-zero length along ``time_dim``; return that length.
+
+    Raises:
+        TypeError: if ``x`` or ``y`` is not a tensor.
+        ValueError: if ``time_dim`` is out of range, the lengths differ, or the batch is empty.
+    """
+    for name, t in (("x", x), ("y", y)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"prepare_batch must return tensors (x, y); {name} is a {type(t).__name__}.")
+        if not -t.dim() <= time_dim < t.dim():
+            raise ValueError(
+                f"time_dim={time_dim} is out of range for {name} of shape {tuple(t.shape)}; "
+                f"pass the index of the time dimension (0 for (T, B, *), 1 for (B, T, *))."
+            )
+    if x.shape[time_dim] != y.shape[time_dim]:
+        raise ValueError(
+            f"x and y must have the same length along time_dim={time_dim}, got {x.shape[time_dim]} and "
+            f"{y.shape[time_dim]}."
+        )
+    if x.shape[time_dim] == 0 or x.numel() == 0:
+        raise ValueError(f"empty batch: x has shape {tuple(x.shape)}; every batch needs at least one step.")
+    return x.shape[time_dim]
 
 
 def check_starts(starts: Any, x: torch.Tensor, time_dim: int) -> int:

@@ -30,7 +30,7 @@ from .compiled import retainable
 from .forward import ModelCall
 from .versions import ParameterVersions, WeightVersion
 
-__all__ = ["Replay", "Segment", "RetainedHistory", "load_weights"]
+__all__ = ["Replay", "Segment", "RetainedHistory", "load_weights", "reach_profile"]
 
 
 @dataclass(eq=False)
@@ -100,6 +100,26 @@ class Segment:
         for leaf in self.inputs:
             leaf.grad = None
         return reached
+
+
+def reach_profile(reach: list, end: int, targets: int, scale: float = 1.0) -> dict[int, float]:
+    """What :meth:`RetainedHistory.backward` gathered in ``reach``, as lag -> gradient norm of the mean loss.
+
+    Args:
+        reach: ``(step, gradients)`` pairs from the sweep of the window ending at ``end``.
+        end: end of the window.
+        targets: its target count, which turns the summed per-target loss into the mean.
+        scale: the ``GradScaler``'s scale the backward passes ran with (1.0 without one).
+
+    Returns:
+        ``end - step`` -> L2 norm over all tensors of the hidden state, by increasing lag (one host read each).
+    """
+    norms = {}
+    for step, grads in reach:
+        squares = [g.detach().double().pow(2).sum() for g in grads if g is not None]
+        total = torch.stack(squares).sum().sqrt() if squares else torch.zeros((), dtype=torch.float64)
+        norms[end - step] = float(total) / scale / max(targets, 1)
+    return dict(sorted(norms.items()))
 
 
 @torch.no_grad()
