@@ -13,6 +13,7 @@ from ignite.engine import Engine, EventEnum, Events
 from ignite.handlers import TensorboardLogger, global_step_from_engine
 from ignite.handlers.tensorboard_logger import OptimizerParamsHandler
 
+from .adaptive import AdaptiveTruncation
 from .checks import positive_int
 from .clipping import gradient_norm
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
@@ -113,6 +114,7 @@ def attach_tensorboard(
     - ``grad_norm``: total 2-norm of the last optimizer step's gradients, before clipping (after unscaling);
     - ``lr/group_i``: each parameter group's learning rate (ignite's ``OptimizerParamsHandler``);
     - ``loss_scale``: the ``GradScaler``'s scale, when the trainer has one;
+    - ``k2``: the k2 an :class:`~ignite_tbptt.AdaptiveTruncation` source has chosen, when the trainer has one;
     - ``targets_per_second``: targets (tokens) processed per second of wall-clock time since the last log;
     - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
       peak resident set (where the platform reports it).
@@ -167,6 +169,8 @@ def attach_tensorboard(
     window_event = TBPTTEvents.WINDOW_COMPLETED(every=every)
     trainer.add_event_handler(window_event, telemetry)
     attributes = [a for a in _TRAIN_ATTRIBUTES if a != "loss_scale" or trainer.tbptt.scaler is not None]
+    if isinstance(trainer.tbptt.source, AdaptiveTruncation):
+        attributes.append("k2")  # the k2 it chose
     tb.attach_output_handler(
         trainer, window_event, tag="train", state_attributes=attributes, global_step_transform=step
     )

@@ -72,3 +72,22 @@ def test_resuming_mid_epoch_goes_on_with_the_same_k2(tmp_path):
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AdaptiveTruncation(**(dict(k1=3, delta=0.1, k2_min=5, k2_max=10) | kwargs))
+
+
+def test_k2_is_logged_to_tensorboard(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from ignite_tbptt import attach_tensorboard
+
+    torch.manual_seed(0)
+    model = Net()
+    source = AdaptiveTruncation(3, delta=0.2, k2_min=4, k2_max=9, every=1, memory=1)
+    trainer = create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cross_entropy, source)
+    chosen = []
+    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda e: chosen.append(e.state.k2))
+    logger = attach_tensorboard(trainer, tmp_path)
+    trainer.run([(x.float(), y) for x, y in make_batches([12, 12])])
+    logger.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [e.value for e in events.Scalars("train/k2")] == chosen
