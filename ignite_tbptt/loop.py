@@ -276,8 +276,10 @@ class TBPTTStep:
         next_cut = self.source.window(end).cut if stream_continues else None
         reach: list | None = [] if self._recording else None
         stream.history.backward(start, cut, next_cut, reach)
-        scale = self.scaler.get_scale() if self.scaler is not None else 1.0
-        engine.state.gradient_reach = None if reach is None else reach_profile(reach, end, stream.window_targets, scale)
+        engine.state.gradient_reach = None
+        if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
+            scale = self.scaler.get_scale() if self.scaler is not None else 1.0
+            engine.state.gradient_reach = reach_profile(reach, end, stream.window_targets, scale)
         stream.window = None
         if self.optim.window_completed():
             self._optimizer_step(engine)
