@@ -68,7 +68,9 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
     With ``drop_last=True`` the epoch ends instead at the first step where a column has no sequence left, so
     every batch is full; the steps the sequences still running would have had are not used (as a
     ``DataLoader`` drops its last incomplete batch). An optimizer step on the ragged end, where only a few
-    columns still hold a long sequence, can pull the model towards those few sequences.
+    columns still hold a long sequence, can pull the model towards those few sequences. It suits many
+    sequences per column; with fewer sequences than columns it gives no batch at all, and with a few of very
+    different lengths it leaves most of the longest ones out.
 
     Sequences are read lazily, only as far as the batch being built needs, so a corpus larger than memory
     (e.g. a generator reading files) streams through; pass a re-iterable (a list, a ``Dataset``) to run

@@ -146,3 +146,8 @@ def test_columns_picture_matches_the_packing():
         "sequence-1-2": (5, 6),
         "padding-1": (6, 10),
     }
+
+
+def test_drop_last_with_fewer_sequences_than_columns_gives_no_batch():
+    packed = pack_sequences(corpus([5, 9]), 3, length=4, drop_last=True)
+    assert len(packed) == 0 and list(packed) == []

@@ -246,7 +246,8 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
         # Longest first: each next document goes to the column that frees first, so the columns end close
         # together; the epoch ends where the first runs out, rather than training on the last few alone.
         train_docs = sorted(train_docs, key=len, reverse=True)
-        train = pack_sequences([vocab.encode(d) for d in train_docs], args.batch_size, args.seq_len, drop_last=True)
+        columns = min(args.batch_size, len(train_docs))  # no column without a document
+        train = pack_sequences([vocab.encode(d) for d in train_docs], columns, args.seq_len, drop_last=True)
         valid_columns = min(args.batch_size, len(valid_docs))
         valid = pack_sequences([vocab.encode(d) for d in valid_docs], valid_columns, args.seq_len)
     valid_text = "".join(d[1:] for d in valid_docs)  # the characters predicted: all but each document's first
