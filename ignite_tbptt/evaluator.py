@@ -12,7 +12,7 @@ from ignite.metrics import Metric
 from . import hidden as hs
 from .checks import positive_int
 from .forward import autocast_for, default_model_fn, device_type_of
-from .starts import check_starts, default_reset_hidden, split_batch, start_steps, starts_at
+from .starts import default_reset_hidden, split_batch, start_rows
 from .starts import prepare_batch as default_prepare_batch
 
 __all__ = ["create_tbptt_evaluator"]
@@ -85,10 +85,7 @@ def create_tbptt_evaluator(
     def run_pieces(x: torch.Tensor, starts: Any) -> list[Any]:
         hidden = stream["hidden"] if carry_hidden else None
         length = x.shape[time_dim]
-        resets = {}
-        if starts is not None:
-            axis = check_starts(starts, x, time_dim)
-            resets = {t: starts_at(starts, t, axis) for t in start_steps(starts, axis)}
+        resets = {} if starts is None else start_rows(starts, x, time_dim)
         # Pieces end every segment_length steps and where some column starts a sequence.
         bounds = sorted({*range(0, length, segment_length or length), *resets, length})
         y_preds = []

@@ -21,11 +21,9 @@ from .schedule import WindowSource
 from .starts import (
     check_pair,
     check_resettable,
-    check_starts,
     default_reset_hidden,
     split_batch,
-    start_steps,
-    starts_at,
+    start_rows,
 )
 from .stream import StreamState
 from .sweep import Replay, RetainedHistory, Segment, reach_profile
@@ -164,7 +162,7 @@ class TBPTTStep:
             self._attach_late(engine)
         self._raise_if_failed()
         x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
-        length, start_rows = self._check_batch(x, y, starts)
+        length, rows = self._check_batch(x, y, starts)
         self.model.train()
         stream = self.stream
         if not self.carry_hidden:
@@ -174,7 +172,7 @@ class TBPTTStep:
         epoch_length = engine.state.epoch_length
         last_iteration = epoch_length is not None and engine.state.iteration % epoch_length == 0
         stream_end = batch_end if not self.carry_hidden or last_iteration else None
-        sequence_starts = [offset + t for t in start_rows]
+        sequence_starts = [offset + t for t in rows]
 
         loss_sum: Any = 0.0
         targets = 0
@@ -189,7 +187,7 @@ class TBPTTStep:
             )
             x_seg = x.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
             y_seg = y.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
-            resets = start_rows.get(plan.start - offset)
+            resets = rows.get(plan.start - offset)
             loss, n, y_pred = self._run_segment(plan, x_seg, y_seg, resets)
             loss_sum, targets = loss_sum + loss, targets + n
             engine.state.targets_seen += n
@@ -330,7 +328,7 @@ class TBPTTStep:
         """
         td = self.time_dim
         length = check_pair(x, y, td)
-        start_rows = {} if starts is None else self._check_starts(x, starts)
+        rows = {} if starts is None else self._check_starts(x, starts)
         if self.carry_hidden and x.dim() > 1:
             streams = x.shape[1 if td == 0 else 0]
             if self.stream.streams is not None and streams != self.stream.streams:
@@ -340,14 +338,13 @@ class TBPTTStep:
                     "(stream_batches lays out equal columns), or use carry_hidden=False."
                 )
             self.stream.streams = streams
-        return length, start_rows
+        return length, rows
 
     def _check_starts(self, x: torch.Tensor, starts: Any) -> dict[int, torch.Tensor]:
-        axis = check_starts(starts, x, self.time_dim)
         # The one read from the device that starts cost; a batch without them runs as before.
-        rows = {t: starts_at(starts, t, axis) for t in start_steps(starts, axis)}
+        rows = start_rows(starts, x, self.time_dim)
         if rows and self.forward.reset_hidden is default_reset_hidden:
-            columns = starts.shape[1 - axis]
+            columns = next(iter(rows.values())).shape[0]
             if self.carry_hidden and self.stream.hidden is not None:
                 check_resettable(self.stream.hidden, columns)
             else:  # known after the stream's first model call

@@ -48,10 +48,22 @@ class BitsPerTarget(Loss):
 
     @reinit__is_reduced
     def update(self, output: Sequence[Any]) -> None:
-        """Add a batch's ``(y_pred, y)``; a batch with no targets (all padding) adds nothing, not its NaN mean."""
-        if self._batch_size(output[1]) == 0:
+        """Add a batch's ``(y_pred, y)`` or ``(y_pred, y, kwargs)`` as ignite's ``Loss`` does.
+
+        Its targets are counted once; a batch with none (all padding) adds nothing, not its NaN mean.
+
+        Raises:
+            ValueError: if ``loss_fn`` does not return a 0-dim mean.
+        """
+        y_pred, y, *kwargs = output
+        n = self._batch_size(y)
+        if n == 0:
             return
-        super().update(output)
+        mean = self._loss_fn(y_pred, y, **(kwargs[0] if kwargs else {})).detach()
+        if mean.dim() != 0:
+            raise ValueError("loss_fn did not return the average loss.")
+        self._sum += mean.to(self._device) * n
+        self._num_examples += n
 
     def compute(self) -> float:
         """The mean loss per target, in bits."""

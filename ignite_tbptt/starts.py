@@ -25,6 +25,7 @@ __all__ = [
     "check_starts",
     "start_steps",
     "starts_at",
+    "start_rows",
     "check_resettable",
     "default_reset_hidden",
 ]
@@ -125,6 +126,17 @@ def start_steps(starts: torch.Tensor, axis: int) -> list[int]:
 def starts_at(starts: torch.Tensor, step: int, axis: int) -> torch.Tensor:
     """The columns that start a sequence at ``step`` of the batch, shape ``(B,)``; ``axis``: starts' time dim."""
     return starts.select(axis, step)
+
+
+def start_rows(starts: Any, x: torch.Tensor, time_dim: int) -> dict[int, torch.Tensor]:
+    """Check ``starts`` against ``x`` (:func:`check_starts`); the starting columns at each step where any start.
+
+    Returns:
+        Step of the batch -> bool ``(B,)`` of the columns that start a sequence there, for the steps where some
+        column does (one read from the device to find them).
+    """
+    axis = check_starts(starts, x, time_dim)
+    return {t: starts_at(starts, t, axis) for t in start_steps(starts, axis)}
 
 
 def _batch_dim(t: torch.Tensor, batch: int) -> int:

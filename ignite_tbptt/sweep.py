@@ -112,14 +112,18 @@ def reach_profile(reach: list, end: int, targets: int, scale: float = 1.0) -> di
         scale: the ``GradScaler``'s scale the backward passes ran with (1.0 without one).
 
     Returns:
-        ``end - step`` -> L2 norm over all tensors of the hidden state, by increasing lag (one host read each).
+        ``end - step`` -> L2 norm over all tensors of the hidden state, by increasing lag (one host read).
     """
-    norms = {}
-    for step, grads in reach:
+    sums = []
+    for _, grads in reach:
         squares = [g.detach().double().pow(2).sum() for g in grads if g is not None]
-        total = torch.stack(squares).sum().sqrt() if squares else torch.zeros((), dtype=torch.float64)
-        norms[end - step] = float(total) / scale / max(targets, 1)
-    return dict(sorted(norms.items()))
+        sums.append(torch.stack(squares).sum() if squares else None)
+    if not sums:
+        return {}
+    device = next((t.device for t in sums if t is not None), torch.device("cpu"))
+    zero = torch.zeros((), dtype=torch.float64, device=device)
+    norms = torch.stack([zero if t is None else t for t in sums]).sqrt().tolist()
+    return dict(sorted((end - step, norm / scale / max(targets, 1)) for (step, _), norm in zip(reach, norms)))
 
 
 @torch.no_grad()

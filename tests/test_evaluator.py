@@ -47,3 +47,20 @@ def test_fresh_hidden_state_per_batch_and_per_target_weighting():
 def test_segment_length_must_be_positive():
     with pytest.raises(ValueError, match="segment_length"):
         create_tbptt_evaluator(torch.nn.RNN(1, 1), segment_length=0)
+
+
+def test_padding_counts_nothing_and_an_all_padding_batch_adds_nothing():
+    torch.manual_seed(0)
+    model = Net().double().eval()
+    batches = make_batches([6, 5, 4])
+    batches[1][1][2:] = -100  # padding at the end of the second batch
+    batches[2][1][:] = -100  # a batch of padding only: its mean would be NaN
+
+    def loss_fn(y_pred, y):
+        return torch.nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten(), ignore_index=-100)
+
+    bits = BitsPerTarget(loss_fn, batch_size=lambda y: int((y != -100).sum()))
+    metrics = create_tbptt_evaluator(model, {"bits": bits}).run(batches).metrics
+    with torch.no_grad():
+        nats = sum(loss_fn(model(x)[0], y).item() * int((y != -100).sum()) for x, y in batches[:2])
+    assert metrics["bits"] == pytest.approx(nats / (6 * 3 + 2 * 3) / math.log(2), rel=1e-12)
