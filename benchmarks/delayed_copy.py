@@ -42,14 +42,16 @@ def data(delay: int, symbols: int, steps: int, batch: int, length: int, seed: in
     return [(columns[:, i : i + length].t(), targets[:, i : i + length].t()) for i in range(0, steps, length)]
 
 
-def train(windows, k2, args, seed=0):
+def train(k2, args, adaptive=None, seed=0):
     """Train on one stream for ``args.epochs`` epochs; accuracy on a new stream, and the k2 of each window."""
     torch.manual_seed(seed)
     model = Copier(args.symbols, args.hidden)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     trainer = create_tbptt_trainer(
-        model, optimizer, loss_fn, windows, k2, carry_hidden=True, target_count_fn=lambda y_pred, y: (y != -100).sum()
+        model, optimizer, loss_fn, args.k1, k2, carry_hidden=True, target_count_fn=lambda y_pred, y: (y != -100).sum()
     )
+    if adaptive is not None:
+        adaptive.attach(trainer)
     k2s = []
     trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda e: k2s.append(getattr(e.state, "k2", k2)))
     trainer.run(data(args.delay, args.symbols, args.steps, args.batch, 100, seed), max_epochs=args.epochs)
@@ -82,11 +84,11 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-2)
     args = p.parse_args(argv)
-    adaptive = AdaptiveTruncation(args.k1, args.delta, k2_min=args.short, k2_max=args.k2_max, every=5)
+    adaptive = AdaptiveTruncation(args.delta, k2_min=args.short, k2_max=args.k2_max, every=5)
     results = {
-        f"fixed k2={args.short}": train(args.k1, args.short, args),
-        f"fixed k2={args.long}": train(args.k1, args.long, args),
-        "adaptive": train(adaptive, None, args),
+        f"fixed k2={args.short}": train(args.short, args),
+        f"fixed k2={args.long}": train(args.long, args),
+        "adaptive": train(args.short, args, adaptive),
     }
     print(json.dumps({"args": vars(args), "results": results}, indent=1))
     return results

@@ -6,7 +6,9 @@ Aicher, Foti & Fox (2019), "Adaptively truncating backpropagation through time t
 ``beta^K`` of the gradient, the relative bias. Choosing the smallest ``K`` with ``beta^K <= delta`` bounds
 it by ``delta``. Here ``beta`` is estimated from the gradient reach of recorded windows
 (:class:`~ignite_tbptt.GradientReach`): the slope of the log norm against the lag between each window's
-start and its cut, a median over the last few recorded windows.
+start and its cut, a median over the last few recorded windows. Aicher et al. measure the decay on the
+steps before a loss as well; inside a window, each step back also adds a step's loss to the gradient, so only
+the steps between a window's start and its cut, which add none, show the decay alone.
 """
 
 from __future__ import annotations
@@ -14,52 +16,68 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ignite.engine import Engine
 
 from .checks import positive_int
 from .events import TBPTTEvents
-from .schedule import Window, WindowSource
-
-if TYPE_CHECKING:
-    from .loop import TBPTTStep
+from .loop import TBPTTStep, tbptt_step_of
+from .schedule import RandomWindows, Schedule, Window, WindowSource
 
 __all__ = ["AdaptiveTruncation"]
 
 
 class AdaptiveTruncation(WindowSource):
-    """TBPTT(k1, k2) whose k2 is chosen as the run goes, so that the estimated truncation bias stays under ``delta``.
+    """Handler that chooses k2 as the run goes, so that the estimated truncation bias stays under ``delta``.
 
-    Pass it in place of ``k1``: ``create_tbptt_trainer(model, optimizer, loss_fn, AdaptiveTruncation(...))``.
-    It records the gradient reach of every ``every``-th window (as ``GradientReach(every)``; the profile is
-    in ``engine.state.gradient_reach``), estimates the geometric decay rate ``beta`` per step of the
+    Attach it to a trainer: ``AdaptiveTruncation(delta=0.01, k2_min=30, k2_max=200).attach(trainer)``. The
+    trainer keeps its windows (every ``k1`` steps, or :class:`~ignite_tbptt.RandomWindows`'s lengths) and
+    this handler decides their cuts from then on; the trainer's own ``k2`` is no longer used. It records
+    the gradient reach of every ``every``-th window (as ``GradientReach(every)``; the profile is in
+    ``engine.state.gradient_reach``), estimates the geometric decay rate ``beta`` per step of the
     hidden-state gradient from the last ``memory`` recorded windows, and sets k2 to the smallest value with
-    ``beta ** k2 <= delta``, within ``[k2_min, k2_max]``. A new k2 applies to windows not yet planned: a
-    window keeps the cut it was planned with, and cuts never move backwards (a k2 that grows by more than k1
-    reaches its new length over the following windows). The retained history never reaches more than
-    ``k2_max`` steps back from a window's end. ``engine.state.k2`` holds the current k2; the state (k2, the
-    recent estimates and the planned windows) is part of the trainer's ``state_dict``.
+    ``beta ** k2 <= delta``, within ``[k2_min, k2_max]``. A window's cut follows SPEC.md's rule for k2 >= k1,
+    ``start - (k2 - k1)``, with the k2 of when the window was planned: a new k2 applies to windows not yet
+    planned, and cuts never move backwards (a k2 that grows by more than k1 reaches its new length over the
+    following windows). The retained history never reaches more than ``k2_max`` steps back from the end of a
+    window of length ``k1``.
+
+    ``engine.state.k2`` holds the current k2 (logged by :func:`~ignite_tbptt.attach_tensorboard` as
+    ``train/k2``). The handler's state (k2, the recent estimates, the planned windows) is part of the
+    trainer's ``state_dict``, so a checkpoint of the trainer resumes it; the handler's own
+    :meth:`state_dict` gives the same. Attach it before the run, and before ``attach_tensorboard`` for its
+    hyper-parameters to be recorded.
 
     Args:
-        k1: steps between backward passes (window length).
         delta: the largest relative bias accepted, in (0, 1).
-        k2_min: the shortest k2; more than ``k1``, so that a recorded window's profile has two points (its
-            start and its cut) to measure the decay between.
+        k2_min: the shortest k2; more than the trainer's ``k1``, so that a recorded window's profile has two
+            points (its start and its cut) to measure the decay between.
         k2_max: the longest k2, which bounds the retained history.
         every: record the reach of every ``every``-th window.
         k2: k2 to start with; default ``k2_min``.
         memory: recorded windows the estimate is the median over.
 
     Raises:
-        TypeError: if ``k1``, ``k2_min``, ``k2_max``, ``every``, ``k2`` or ``memory`` is not an int.
-        ValueError: if ``delta`` is not in (0, 1), ``k2_min <= k1``, ``k2_max < k2_min``, a count is not
-            positive, or ``k2`` lies outside ``[k2_min, k2_max]``.
+        TypeError: if ``k2_min``, ``k2_max``, ``every``, ``k2`` or ``memory`` is not an int, or (from
+            :meth:`attach`) the engine is not a TBPTT trainer with fixed or random windows.
+        ValueError: if ``delta`` is not in (0, 1), ``k2_max < k2_min``, a count is not positive, ``k2`` lies
+            outside ``[k2_min, k2_max]``, or (from :meth:`attach`) ``k2_min`` does not exceed the trainer's k1.
+
+    Examples:
+        >>> import torch
+        >>> from ignite_tbptt import AdaptiveTruncation, create_tbptt_trainer
+        >>> model = torch.nn.GRU(1, 4)
+        >>> trainer = create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+        ...                                lambda y_pred, y: (y_pred[..., :1] - y).pow(2).mean(), k1=3)
+        >>> adaptive = AdaptiveTruncation(delta=0.1, k2_min=4, k2_max=12, every=1).attach(trainer)
+        >>> x = torch.randn(30, 2, 1)
+        >>> 4 <= trainer.run([(x, x)]).k2 <= 12
+        True
     """
 
     def __init__(
         self,
-        k1: int,
         delta: float,
         k2_min: int,
         k2_max: int,
@@ -68,18 +86,12 @@ class AdaptiveTruncation(WindowSource):
         k2: int | None = None,
         memory: int = 10,
     ) -> None:
-        self.k1 = positive_int("k1", k1, "a number of time steps")
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
+            raise ValueError(f"delta must be a relative bias in (0, 1), got {delta!r}.")
         self.k2_min = positive_int("k2_min", k2_min, "a number of time steps")
         self.k2_max = positive_int("k2_max", k2_max, "a number of time steps")
         self.every = positive_int("every", every, "windows between recordings")
         self.memory = positive_int("memory", memory, "recorded windows")
-        if not 0.0 < delta < 1.0:
-            raise ValueError(f"delta must be a relative bias in (0, 1), got {delta!r}.")
-        if k2_min <= k1:
-            raise ValueError(
-                f"k2_min must exceed k1 ({k2_min} <= {k1}): the decay is measured between a window's start and its "
-                "cut, which coincide when k2 = k1."
-            )
         if k2_max < k2_min:
             raise ValueError(f"k2_max must be at least k2_min, got {k2_max} < {k2_min}.")
         self.k2 = k2_min if k2 is None else positive_int("k2", k2, "a number of time steps")
@@ -87,15 +99,48 @@ class AdaptiveTruncation(WindowSource):
             raise ValueError(f"k2 must lie in [k2_min, k2_max] = [{k2_min}, {k2_max}], got {self.k2}.")
         self.delta = delta
         self.rates: deque[float] = deque(maxlen=memory)  # log of the decay per step, one per recorded window
+        self.windows: Schedule | RandomWindows | None = None  # the trainer's windows, whose cuts this decides
         self._planned: dict[int, tuple[int, int]] = {}  # window start -> (k2 it was planned with, lowest cut)
         self._last_cut = 0
 
+    def attach(self, engine: Engine) -> AdaptiveTruncation:
+        """Decide the cuts of ``engine``'s windows from its next stream on; returns ``self``.
+
+        Raises:
+            TypeError: if ``engine`` is not a TBPTT trainer, or its windows come from another source than
+                fixed ``k1`` or :class:`~ignite_tbptt.RandomWindows`.
+            ValueError: if ``k2_min`` does not exceed the trainer's k1.
+            RuntimeError: if the trainer is inside a stream (a window is open).
+        """
+        step = tbptt_step_of(engine, "AdaptiveTruncation")
+        windows = step.source
+        if not isinstance(windows, (Schedule, RandomWindows)):
+            raise TypeError(
+                "AdaptiveTruncation chooses k2 for a trainer with fixed windows (k1=...) or RandomWindows; this "
+                f"trainer's windows come from {type(windows).__name__}."
+            )
+        if self.k2_min <= windows.k1:
+            raise ValueError(
+                f"k2_min must exceed the trainer's k1 ({self.k2_min} <= {windows.k1}): the decay is measured "
+                "between a window's start and its cut, which coincide when k2 = k1. Use k2_min > k1."
+            )
+        self.windows = windows
+        step.use_source(self)
+        return self
+
+    @property
+    def k1(self) -> int:
+        """The trainer's k1 (its base window length for random windows)."""
+        if self.windows is None:
+            raise TypeError("AdaptiveTruncation is a handler: AdaptiveTruncation(...).attach(trainer).")
+        return self.windows.k1
+
     # -- the window source ------------------------------------------------------------------------------------
     def window(self, start: int) -> Window:
-        """The window starting at ``start``, planned with the current k2 on the first request."""
+        """The trainer's window starting at ``start``, with the cut of the k2 current on the first request."""
+        end = self.windows.window(start).end
         if start not in self._planned:
             self._planned[start] = (self.k2, self._last_cut)
-        end = start + self.k1
         cut = self.cut(start, end)
         self._last_cut = max(self._last_cut, cut)
         return Window(start, end, cut)
@@ -109,10 +154,17 @@ class AdaptiveTruncation(WindowSource):
         """A new stream: forget its planned windows; k2 and the estimate go on."""
         self._planned.clear()
         self._last_cut = 0
+        self.windows.reset()
 
     def state_dict(self) -> dict[str, Any]:
-        """k2, the recent decay estimates and the windows planned in the current stream."""
-        return {"k2": self.k2, "rates": list(self.rates), "planned": dict(self._planned), "last_cut": self._last_cut}
+        """k2, the recent decay estimates, the windows planned in the current stream and the trainer's windows."""
+        return {
+            "k2": self.k2,
+            "rates": list(self.rates),
+            "planned": dict(self._planned),
+            "last_cut": self._last_cut,
+            "windows": {} if self.windows is None else self.windows.state_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state."""
@@ -120,21 +172,28 @@ class AdaptiveTruncation(WindowSource):
             self.k2, self._last_cut = state["k2"], state["last_cut"]
             self.rates = deque(state["rates"], maxlen=self.memory)
             self._planned = {start: tuple(v) for start, v in state["planned"].items()}
+            if self.windows is not None:
+                self.windows.load_state_dict(state.get("windows", {}))
 
     def hparams(self) -> dict[str, Any]:
-        """k1, delta, the bounds of k2 and the recording period."""
-        return {"k1": self.k1, "delta": self.delta, "k2_min": self.k2_min, "k2_max": self.k2_max, "every": self.every}
+        """The trainer's window hyper-parameters but its k2, then delta, the bounds of k2 and the recording period."""
+        windows = {} if self.windows is None else self.windows.hparams()
+        windows.pop("k2", None)
+        return {**windows, "delta": self.delta, "k2_min": self.k2_min, "k2_max": self.k2_max, "every": self.every}
 
     # -- learning from the run ----------------------------------------------------------------------------------
-    def attach(self, engine: Engine, step: TBPTTStep) -> None:
+    def connect(self, engine: Engine, step: TBPTTStep) -> None:
         """Record the reach of every ``every``-th window of ``engine`` and update k2 after each."""
         step.reach_every = self.every
         engine.state.k2 = self.k2
-        engine.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, self._observe)
+        if not engine.has_event_handler(self._observe, TBPTTEvents.WINDOW_COMPLETED):
+            engine.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, self._observe)
 
     def _observe(self, engine: Engine) -> None:
         reach = engine.state.gradient_reach
-        points = [(lag, math.log(norm)) for lag, norm in (reach or {}).items() if norm > 0]
+        start, end, _ = engine.state.window_bounds
+        # Only lags at or past the window's start: closer to its end, each step back adds a step's loss.
+        points = [(lag, math.log(norm)) for lag, norm in (reach or {}).items() if norm > 0 and lag >= end - start]
         if len(points) >= 2:
             # Least-squares slope of log norm against lag: the log of the decay per step.
             mean_lag = statistics.fmean(lag for lag, _ in points)
@@ -148,8 +207,8 @@ class AdaptiveTruncation(WindowSource):
         """The smallest k2 in ``[k2_min, k2_max]`` with ``exp(log_rate) ** k2 <= delta``.
 
         Examples:
-            >>> source = AdaptiveTruncation(10, delta=0.01, k2_min=20, k2_max=200)
-            >>> source.choose(math.log(0.9)), source.choose(math.log(0.5)), source.choose(0.0)
+            >>> adaptive = AdaptiveTruncation(delta=0.01, k2_min=20, k2_max=200)
+            >>> adaptive.choose(math.log(0.9)), adaptive.choose(math.log(0.5)), adaptive.choose(0.0)
             (44, 20, 200)
         """
         if log_rate >= 0:  # no decay measured: reach as far as allowed

@@ -27,8 +27,9 @@ from .starts import (
 )
 from .stream import StreamState
 from .sweep import Replay, RetainedHistory, Segment, reach_profile
+from .versions import ParameterVersions
 
-__all__ = ["TBPTTStep"]
+__all__ = ["TBPTTStep", "tbptt_step_of"]
 
 
 class TBPTTStep:
@@ -111,7 +112,25 @@ class TBPTTStep:
         engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self.end_epoch)
         self._engine = engine
-        self.source.attach(engine, self)
+        self.source.connect(engine, self)
+
+    def use_source(self, source: WindowSource) -> None:
+        """Take the windows of the stream from ``source`` from the next window on, before the stream starts.
+
+        Handlers that plan windows (:class:`~ignite_tbptt.AdaptiveTruncation`) install their source here. A
+        source whose windows reach into earlier ones gets the weight versions it needs.
+
+        Raises:
+            RuntimeError: if a window is open or graphs are retained: the stream has started.
+        """
+        if self.stream.window is not None or self.history.segments:
+            raise RuntimeError("the window source can only change between streams, before a run or after an epoch.")
+        if source.spans_windows and self.versions is None:
+            self.versions = ParameterVersions(self.optim.parameters)
+            self.forward.versions = self.history.versions = self.versions
+        self.source = self.stream.source = source
+        if self._engine is not None:
+            source.connect(self._engine, self)
 
     def _started(self, engine: Engine) -> None:
         self._failed = None
@@ -350,6 +369,18 @@ class TBPTTStep:
             else:  # known after the stream's first model call
                 self._unchecked_columns = columns
         return rows
+
+
+def tbptt_step_of(engine: Engine, handler: str) -> TBPTTStep:
+    """The TBPTT process function ``engine`` runs, for ``handler`` to attach to.
+
+    Raises:
+        TypeError: if ``engine`` does not run one.
+    """
+    step = getattr(engine, "tbptt", None) or getattr(engine, "_process_function", None)
+    if not isinstance(step, TBPTTStep):
+        raise TypeError(f"{handler} attaches to a TBPTT trainer: create_tbptt_trainer(...) or Engine(step).")
+    return step
 
 
 def _zero_counters(engine: Engine) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ignite.engine import Engine
 
 from .checks import positive_int
-from .loop import TBPTTStep
+from .loop import tbptt_step_of
 
 __all__ = ["GradientReach"]
 
@@ -61,7 +61,4 @@ class GradientReach:
 
     def attach(self, engine: Engine) -> None:
         """Record on ``engine``, a :func:`~ignite_tbptt.create_tbptt_trainer` trainer or ``Engine(step)``."""
-        step = getattr(engine, "tbptt", None) or getattr(engine, "_process_function", None)
-        if not isinstance(step, TBPTTStep):
-            raise TypeError("GradientReach attaches to a TBPTT trainer: create_tbptt_trainer(...) or Engine(step).")
-        step.reach_every = self.every
+        tbptt_step_of(engine, "GradientReach").reach_every = self.every

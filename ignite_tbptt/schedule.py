@@ -83,7 +83,7 @@ class WindowSource(ABC):
         """The source's hyper-parameters, for logging."""
         return {}
 
-    def attach(self, engine: Any, step: Any) -> None:
+    def connect(self, engine: Any, step: Any) -> None:
         """Called when the trainer ``step`` attaches to ``engine``: sources that learn from the run hook in here."""
         return None
 

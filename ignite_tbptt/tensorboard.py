@@ -13,7 +13,6 @@ from ignite.engine import Engine, EventEnum, Events
 from ignite.handlers import TensorboardLogger, global_step_from_engine
 from ignite.handlers.tensorboard_logger import OptimizerParamsHandler
 
-from .adaptive import AdaptiveTruncation
 from .checks import positive_int
 from .clipping import gradient_norm
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
@@ -70,6 +69,12 @@ class _Telemetry:
         state.peak_memory_mib = float("nan") if peak is None else peak
 
 
+def _log_k2(engine: Engine, tb: TensorboardLogger, step: Any) -> None:
+    k2 = getattr(engine.state, "k2", None)
+    if k2 is not None:  # the k2 an AdaptiveTruncation chose
+        tb.writer.add_scalar("train/k2", k2, step(engine, TBPTTEvents.WINDOW_COMPLETED))
+
+
 class _ReachLog:
     """Logs :class:`~ignite_tbptt.GradientReach`'s profiles: a scalar per recorded window, a picture now and then."""
 
@@ -114,19 +119,20 @@ def attach_tensorboard(
     - ``grad_norm``: total 2-norm of the last optimizer step's gradients, before clipping (after unscaling);
     - ``lr/group_i``: each parameter group's learning rate (ignite's ``OptimizerParamsHandler``);
     - ``loss_scale``: the ``GradScaler``'s scale, when the trainer has one;
-    - ``k2``: the k2 an :class:`~ignite_tbptt.AdaptiveTruncation` source has chosen, when the trainer has one;
+    - ``k2``: the k2 an attached :class:`~ignite_tbptt.AdaptiveTruncation` has chosen;
     - ``targets_per_second``: targets (tokens) processed per second of wall-clock time since the last log;
     - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
       peak resident set (where the platform reports it).
 
-    With a :class:`~ignite_tbptt.GradientReach` attached (before this call), for every recorded window
+    With a :class:`~ignite_tbptt.GradientReach` (or an ``AdaptiveTruncation``) attached, for every recorded window
     ``train/reach_at_cut``: the hidden-state gradient norm at the window's cut over the largest of the window
     (near 1: truncation throws away as much gradient as it keeps, so k2 may be too short; orders of magnitude
     below 1: k2 reaches far enough), and every ``reach_picture_every`` recorded windows the picture
     ``gradient_reach`` of their profiles (:func:`~ignite_tbptt.plot_reach`).
 
     After each run of an evaluator, its ``engine.state.metrics`` under the evaluator's name. Once, at
-    attachment: the hyper-parameters (the trainer's k1, k2, ... and ``hparams``) for TensorBoard's HParams
+    attachment: the hyper-parameters (the trainer's k1, k2, ..., those of an ``AdaptiveTruncation`` attached
+    before, and ``hparams``) for TensorBoard's HParams
     tab, and the schedule picture (:func:`~ignite_tbptt.plot_schedule`) as the image ``schedule``.
 
     Args:
@@ -169,8 +175,6 @@ def attach_tensorboard(
     window_event = TBPTTEvents.WINDOW_COMPLETED(every=every)
     trainer.add_event_handler(window_event, telemetry)
     attributes = [a for a in _TRAIN_ATTRIBUTES if a != "loss_scale" or trainer.tbptt.scaler is not None]
-    if isinstance(trainer.tbptt.source, AdaptiveTruncation):
-        attributes.append("k2")  # the k2 it chose
     tb.attach_output_handler(
         trainer, window_event, tag="train", state_attributes=attributes, global_step_transform=step
     )
@@ -180,8 +184,9 @@ def attach_tensorboard(
         trainer.add_event_handler(window_event, lambda engine: engine.fire_event(_TokensLogged.TRAIN))
         lr_event = _TokensLogged.TRAIN
     tb.attach(trainer, OptimizerParamsHandler(trainer.tbptt.optimizer, tag="train"), lr_event)
-    if trainer.tbptt.reach_every is not None:
-        trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, _ReachLog(tb, step, reach_picture_every))
+    # Whether a GradientReach or an AdaptiveTruncation is attached, before or after this call, shows in the state.
+    trainer.add_event_handler(window_event, _log_k2, tb, step)
+    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, _ReachLog(tb, step, reach_picture_every))
     for name, evaluator in (evaluators or {}).items():
         tb.attach_output_handler(evaluator, Events.COMPLETED, tag=name, metric_names="all", global_step_transform=step)
 

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from ignite.engine import Engine
 
+from .adaptive import AdaptiveTruncation
 from .checks import callable_or_none, positive_int
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .forward import ModelCall, autocast_for, default_model_fn, device_type_of
@@ -105,6 +106,8 @@ def tbptt_training_step(
 
 
 def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
+    if isinstance(k1, AdaptiveTruncation):
+        raise TypeError("AdaptiveTruncation is a handler: pass k1 here, then AdaptiveTruncation(...).attach(trainer).")
     if isinstance(k1, WindowSource):
         if k2 is not None:
             raise ValueError("k2 belongs to the window source passed as k1: pass it there, e.g. RandomWindows(k1, k2).")
@@ -198,7 +201,8 @@ def create_tbptt_trainer(
         k1: steps between backward passes (and window length), a positive int; or a
             :class:`~ignite_tbptt.WindowSource` that decides each window's end and cut as the stream goes, such
             as :class:`~ignite_tbptt.RandomWindows` (then without ``k2``).
-        k2: steps a full window's backward pass reaches back from its end; default ``k1``.
+        k2: steps a full window's backward pass reaches back from its end; default ``k1``. To let k2 follow
+            the measured gradient decay, attach an :class:`~ignite_tbptt.AdaptiveTruncation` to the trainer.
         time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred``: 0 for ``(T, B, *)`` batches,
             1 for ``(B, T, *)``.
         carry_hidden: if False, every batch is a stream of its own: the hidden state starts fresh (the model
@@ -277,7 +281,8 @@ def create_tbptt_trainer(
 
     Raises:
         TypeError: if ``model``, ``optimizer``, ``scaler``, ``autocast_dtype`` or a callable argument has the wrong
-            type, or ``k1``, ``k2``, ``time_dim`` or ``gradient_accumulation_steps`` is not an int. During a run,
+            type, ``k1``, ``k2``, ``time_dim`` or ``gradient_accumulation_steps`` is not an int, or ``k1`` is an
+            :class:`~ignite_tbptt.AdaptiveTruncation` (a handler, to attach to the trainer). During a run,
             if ``prepare_batch`` does not return tensors or ``model_fn`` does not return ``(y_pred, hidden)``.
         ValueError: if ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` is not positive, or
             ``optimizer`` holds none of ``model``'s parameters. During a run, if ``time_dim`` is out of range,

@@ -78,13 +78,15 @@ def compare_with_reference(
     net=Net,
     data=None,
     starts=None,
+    handlers=(),
     **options,
 ):
     """Train ``net`` with the trainer and with the brute-force reference on the same batches; same parameters.
 
     ``starts(batches)`` adds sequence starts to the batches; ``data(batches)`` wraps what the trainer runs on.
-    A ``reset_hidden`` option goes to both. ``k1`` may be a window source (``k2`` then None): the reference
-    runs the windows the trainer recorded, returned as ``trainer.recorded_windows``.
+    A ``reset_hidden`` option goes to both. ``k1`` may be a window source (``k2`` then None), and
+    ``handlers`` are attached to the trainer (``AdaptiveTruncation``): then the reference runs the windows the
+    trainer recorded, returned as ``trainer.recorded_windows``.
     """
     torch.manual_seed(0)
     model = net(cell, batch_first=time_dim == 1).double()
@@ -102,15 +104,17 @@ def compare_with_reference(
         gradient_accumulation_steps=accumulation,
         **options,
     )
+    for handler in handlers:
+        handler.attach(trainer)
     trainer.recorded_windows = []
     trainer.add_event_handler(
         TBPTTEvents.WINDOW_COMPLETED, lambda e: trainer.recorded_windows.append(e.state.window_bounds)
     )
     trainer.run(batches if data is None else data(batches), max_epochs=epochs)
     reset = {"reset_hidden": options["reset_hidden"]} if "reset_hidden" in options else {}
-    if isinstance(k1, WindowSource):
+    if isinstance(k1, WindowSource) or handlers:
         reset["windows"] = trainer.recorded_windows
-        k1, k2 = k1.k1, k1.k2
+        k1, k2 = (k1.k1, k1.k2) if isinstance(k1, WindowSource) else (k1, k2)
     reference_train(
         ref,
         sgd(ref),

@@ -4,16 +4,28 @@ import math
 
 import pytest
 import torch
+from ignite.engine import Engine
 
-from ignite_tbptt import AdaptiveTruncation, TBPTTEvents, create_tbptt_trainer
+from ignite_tbptt import (
+    AdaptiveTruncation,
+    RandomWindows,
+    TBPTTEvents,
+    create_tbptt_trainer,
+    tbptt_training_step,
+)
 
 from .helpers import assert_resume_is_bit_identical, compare_with_reference, make_batches
 from .reference import Net, cross_entropy
 
 
+def sgd_trainer(model, k1=2, k2=None, **options):
+    return create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cross_entropy, k1, k2, **options)
+
+
 def test_adaptive_k2_matches_the_reference_for_the_windows_it_planned():
-    source = AdaptiveTruncation(3, delta=0.2, k2_min=4, k2_max=9, every=1, memory=1)
-    trainer = compare_with_reference(source, None, carry_hidden=True, accumulation=2, lengths=(11, 17, 8))
+    adaptive = AdaptiveTruncation(delta=0.02, k2_min=4, k2_max=9, every=1, memory=1)
+    options = dict(carry_hidden=True, accumulation=2, lengths=(11, 17, 8), handlers=[adaptive])
+    trainer = compare_with_reference(3, None, **options)
     reaches = {end - cut for start, end, cut in trainer.recorded_windows if cut > 0 and end - start == 3}
     assert len(reaches) > 1  # k2 changed during the run
     assert all(4 <= r <= 9 for r in reaches)
@@ -21,11 +33,43 @@ def test_adaptive_k2_matches_the_reference_for_the_windows_it_planned():
     assert cuts == sorted(cuts)  # cuts never move backwards
 
 
+def test_adaptive_k2_over_random_windows_matches_the_reference():
+    adaptive = AdaptiveTruncation(delta=0.02, k2_min=5, k2_max=11, every=1, memory=1)
+    windows = RandomWindows(4, std=1.5, min_length=2, seed=3)
+    trainer = compare_with_reference(windows, None, carry_hidden=True, lengths=(13, 17), handlers=[adaptive])
+    lengths = {end - start for start, end, _ in trainer.recorded_windows}
+    assert len(lengths) > 2  # the random lengths are kept
+    assert any(start - cut not in (0, 1) for start, _, cut in trainer.recorded_windows)  # k2 - k1 moved
+
+
+def test_a_trainer_built_with_k2_equal_to_k1_gets_the_weight_versions_k2_above_k1_needs():
+    # Adam changes every weight at every step; without the old weights, the next window's backward pass
+    # through the retained segments would raise (a modified saved tensor) or use the new weights.
+    torch.manual_seed(0)
+    model = Net().double()
+    trainer = create_tbptt_trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cross_entropy, 3)
+    assert trainer.tbptt.versions is None
+    AdaptiveTruncation(delta=0.2, k2_min=5, k2_max=8, every=1).attach(trainer)
+    assert trainer.tbptt.versions is not None
+    trainer.run(make_batches((20,)))
+    assert trainer.state.window == 7
+
+
+def test_engine_of_a_process_function_takes_the_handler_too():
+    torch.manual_seed(0)
+    model = Net().double()
+    trainer = Engine(tbptt_training_step(model, torch.optim.SGD(model.parameters(), lr=0.1), cross_entropy, 3))
+    adaptive = AdaptiveTruncation(delta=0.02, k2_min=4, k2_max=9, every=1).attach(trainer)
+    trainer.run(make_batches((30,)))  # the process function attaches itself to the engine here
+    assert len(adaptive.rates) == 9  # every window but the first (no step before its start) measured the decay
+    assert trainer.state.k2 == adaptive.k2
+
+
 def test_the_retained_history_stays_within_k2_max():
     torch.manual_seed(0)
     model = Net().double()
-    source = AdaptiveTruncation(2, delta=1e-6, k2_min=3, k2_max=7, every=1, memory=1)
-    trainer = create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cross_entropy, source)
+    trainer = sgd_trainer(model, 2)
+    AdaptiveTruncation(delta=1e-6, k2_min=3, k2_max=7, every=1, memory=1).attach(trainer)
     spans, k2s = [], []
 
     def measure(engine):
@@ -40,10 +84,21 @@ def test_the_retained_history_stays_within_k2_max():
     assert max(spans) <= 7 and max(k2s) == 7  # delta = 1e-6 asks for more than k2_max allows
 
 
+def test_the_decay_is_fitted_between_the_window_start_and_the_cut_only():
+    adaptive = AdaptiveTruncation(delta=0.01, k2_min=6, k2_max=100, every=1, memory=1)
+    engine = Engine(lambda e, b: None)
+    # A window of 4 steps: the lags 1 and 2 inside it carry fewer losses and must not enter the fit.
+    engine.state.window_bounds = (10, 14, 6)
+    engine.state.gradient_reach = {1: 1e-9, 2: 1e-6, 4: 1.0, 8: 0.5**4}
+    adaptive._observe(engine)
+    assert adaptive.rates[0] == pytest.approx(math.log(0.5))
+    assert adaptive.k2 == engine.state.k2 == 7  # 0.5 ** 7 <= 0.01 < 0.5 ** 6
+
+
 def test_choose_picks_the_smallest_k2_with_the_bias_under_delta():
-    source = AdaptiveTruncation(10, delta=0.05, k2_min=12, k2_max=100)
+    adaptive = AdaptiveTruncation(delta=0.05, k2_min=12, k2_max=100)
     for rate in (0.5, 0.8, 0.9, 0.95):
-        k2 = source.choose(math.log(rate))
+        k2 = adaptive.choose(math.log(rate))
         assert rate**k2 <= 0.05 or k2 == 100
         assert k2 == 12 or rate ** (k2 - 1) > 0.05
 
@@ -53,8 +108,8 @@ def test_resuming_mid_epoch_goes_on_with_the_same_k2(tmp_path):
         torch.manual_seed(0)
         model = Net(dropout=0.2)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
-        source = AdaptiveTruncation(3, delta=0.2, k2_min=4, k2_max=9, every=2, memory=2)
-        trainer = create_tbptt_trainer(model, optimizer, cross_entropy, source, carry_hidden=True, deterministic=True)
+        trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 3, carry_hidden=True, deterministic=True)
+        AdaptiveTruncation(delta=0.02, k2_min=4, k2_max=9, every=2, memory=2).attach(trainer)
         return model, optimizer, trainer
 
     assert_resume_is_bit_identical(tmp_path, build, [(x.float(), y) for x, y in make_batches([7, 12, 5, 9])])
@@ -64,14 +119,30 @@ def test_resuming_mid_epoch_goes_on_with_the_same_k2(tmp_path):
     "kwargs,match",
     [
         (dict(delta=1.5), "delta"),
-        (dict(k2_min=3), "k2_min must exceed k1"),
+        (dict(delta=True), "delta"),
         (dict(k2_max=4), "k2_max must be at least"),
         (dict(k2=20), "k2 must lie in"),
     ],
 )
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        AdaptiveTruncation(**(dict(k1=3, delta=0.1, k2_min=5, k2_max=10) | kwargs))
+        AdaptiveTruncation(**(dict(delta=0.1, k2_min=5, k2_max=10) | kwargs))
+
+
+def test_bad_attachments_leave_the_trainer_as_it_was():
+    model = Net().double()
+    trainer = sgd_trainer(model, 5)
+    with pytest.raises(ValueError, match="k2_min must exceed the trainer's k1"):
+        AdaptiveTruncation(delta=0.1, k2_min=5, k2_max=10).attach(trainer)
+    assert trainer.tbptt.source.k2 == 5 and trainer.tbptt.versions is None
+    with pytest.raises(TypeError, match="attaches to a TBPTT trainer"):
+        AdaptiveTruncation(delta=0.1, k2_min=6, k2_max=10).attach(Engine(lambda e, b: None))
+    with pytest.raises(TypeError, match="is a handler"):
+        sgd_trainer(model, AdaptiveTruncation(delta=0.1, k2_min=6, k2_max=10))
+    adaptive = AdaptiveTruncation(delta=0.1, k2_min=6, k2_max=10).attach(trainer)
+    with pytest.raises(TypeError, match="fixed windows"):
+        AdaptiveTruncation(delta=0.1, k2_min=6, k2_max=10).attach(trainer)  # its windows are adaptive already
+    assert trainer.tbptt.source is adaptive
 
 
 def test_k2_is_logged_to_tensorboard(tmp_path):
@@ -80,9 +151,8 @@ def test_k2_is_logged_to_tensorboard(tmp_path):
     from ignite_tbptt import attach_tensorboard
 
     torch.manual_seed(0)
-    model = Net()
-    source = AdaptiveTruncation(3, delta=0.2, k2_min=4, k2_max=9, every=1, memory=1)
-    trainer = create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cross_entropy, source)
+    trainer = sgd_trainer(Net(), 3)
+    AdaptiveTruncation(delta=0.02, k2_min=4, k2_max=9, every=1, memory=1).attach(trainer)
     chosen = []
     trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda e: chosen.append(e.state.k2))
     logger = attach_tensorboard(trainer, tmp_path)
@@ -91,3 +161,4 @@ def test_k2_is_logged_to_tensorboard(tmp_path):
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert [e.value for e in events.Scalars("train/k2")] == chosen
+    assert len(set(chosen)) > 1
