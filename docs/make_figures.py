@@ -17,11 +17,15 @@ def reach_figure(path: Path) -> None:
     model = CharLSTM(len(vocab), embedding=32, hidden=128)
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 25, 50, carry_hidden=True)
-    GradientReach(every=10).attach(trainer)
+    GradientReach(every=10, stride=5).attach(trainer)
     early, late = [], []
     trainer.add_event_handler(
         TBPTTEvents.WINDOW_COMPLETED(every=10),
-        lambda e: (early if e.state.window <= 300 else late).append(e.state.gradient_reach),
+        lambda e: (
+            (early if e.state.window <= 300 else late).append(e.state.gradient_reach)
+            if e.state.window_bounds[1] - e.state.window_bounds[0] == 25  # full windows: the same lags
+            else None
+        ),
     )
     trainer.run(stream_batches(vocab.encode(text), batch_size=8, length=100))
     from matplotlib.figure import Figure

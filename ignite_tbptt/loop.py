@@ -74,6 +74,7 @@ class TBPTTStep:
         self._unchecked_columns: int | None = None  # a stream's first hidden state awaiting the reset check
         self._failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.reach_every: int | None = None  # record the gradient reach of every n-th window (GradientReach)
+        self.reach_stride: int | None = None  # and split a recorded window's segments this often
         self._recording = False
 
     @property
@@ -201,8 +202,9 @@ class TBPTTStep:
                 self._start_window(engine)
             following = bisect_right(sequence_starts, stream.position)
             next_start = sequence_starts[following] if following < len(sequence_starts) else None
+            stride = self.reach_stride if self._recording else None
             plan = plan_segment(
-                self.source, stream.window, stream.position, batch_end, stream_end, self.recompute, next_start
+                self.source, stream.window, stream.position, batch_end, stream_end, self.recompute, next_start, stride
             )
             x_seg = x.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
             y_seg = y.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)

@@ -16,6 +16,7 @@ A *segment* is one model call over consecutive steps of a window. Before running
   step may come in between, the weights it ran with (:mod:`ignite_tbptt.versions`).
 - A segment also ends where some column of the batch starts a new sequence, so that the hidden-state reset
   falls between two model calls; batches without starts are run exactly as without them.
+- A window whose gradient reach is recorded with a stride also ends a segment every ``stride`` steps.
 - In recomputation mode (Chen et al. 2016, arXiv:1604.06174) segments that are not paid at once run without
   a graph and are rebuilt in the sweep, at most ``recompute`` steps at a time.
 """
@@ -78,6 +79,7 @@ def plan_segment(
     stream_end: int | None,
     recompute: int | None = None,
     next_start: int | None = None,
+    longest: int | None = None,
 ) -> SegmentPlan:
     """Plan the segment that starts at ``step`` in ``window``.
 
@@ -90,6 +92,8 @@ def plan_segment(
             unknown, before its last batch).
         recompute: in recomputation mode, the most steps a rebuilt segment may have; ``None`` otherwise.
         next_start: the first step after ``step`` where some column starts a new sequence, or ``None``.
+        longest: if given, a segment also ends every ``longest`` steps from the window's start (a window whose
+            gradient reach is recorded with a ``stride``); the gradients do not change.
 
     Returns:
         The segment's :class:`SegmentPlan`.
@@ -113,6 +117,8 @@ def plan_segment(
         end = min(end, step + recompute)
     if next_start is not None:  # the reset before a sequence's first step falls between two model calls
         end = min(end, next_start)
+    if longest is not None:  # more segment starts, more points of the gradient-reach profile
+        end = min(end, step + longest - (step - window.start) % longest)
     # The cut only moves forward as a window grows, so while the window's end is unknown, the cut of the
     # window cut short at the batch's end bounds it from below.
     lowest_cut = source.cut(window.start, window_end if window_end is not None else batch_end)

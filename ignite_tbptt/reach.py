@@ -33,12 +33,21 @@ class GradientReach:
     recorded, which cost nothing extra; a recorded window costs one backward step into its cut's hidden state
     and one host synchronisation.
 
+    With ``stride``, a recorded window also starts a segment every ``stride`` steps from its own start, so
+    that its profile has a point there too: a denser picture, at k1 = k2 as well, for the price of more and
+    shorter model calls in the recorded windows. Splitting a model call changes no gradient; the hidden-state
+    points between a window's start and its cut come from the windows before it, so they are dense where
+    those were recorded too (``every=1``). Inside a window, the gradient at a point sums the losses of the
+    steps after it, so the norm grows with the lag until the window's start and decays after it.
+
     Args:
         every: record windows ``every``, ``2 * every``, ... (ignite's ``every=`` counting); default every window.
+        stride: steps between the extra points of a recorded window; default none.
 
     Raises:
-        TypeError: if ``every`` is not an int, or :meth:`attach` gets an engine that is not a TBPTT trainer.
-        ValueError: if ``every`` is not positive.
+        TypeError: if ``every`` or ``stride`` is not an int, or :meth:`attach` gets an engine that is not a
+            TBPTT trainer.
+        ValueError: if ``every`` or ``stride`` is not positive.
 
     Examples:
         >>> import torch
@@ -46,7 +55,7 @@ class GradientReach:
         >>> model = torch.nn.GRU(1, 4)
         >>> trainer = create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
         ...                                lambda y_pred, y: (y_pred[..., :1] - y).pow(2).mean(), k1=3, k2=5)
-        >>> GradientReach().attach(trainer)
+        >>> reach = GradientReach().attach(trainer)
         >>> profiles = []
         >>> record = lambda engine: profiles.append(engine.state.gradient_reach)
         >>> _ = trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, record)
@@ -56,9 +65,12 @@ class GradientReach:
         [[2], [2, 3, 5], [3, 5]]
     """
 
-    def __init__(self, every: int = 1) -> None:
+    def __init__(self, every: int = 1, stride: int | None = None) -> None:
         self.every = positive_int("every", every, "windows between recordings")
+        self.stride = None if stride is None else positive_int("stride", stride, "steps between points")
 
-    def attach(self, engine: Engine) -> None:
-        """Record on ``engine``, a :func:`~ignite_tbptt.create_tbptt_trainer` trainer or ``Engine(step)``."""
-        tbptt_step_of(engine, "GradientReach").reach_every = self.every
+    def attach(self, engine: Engine) -> GradientReach:
+        """Record on ``engine``, a ``create_tbptt_trainer`` trainer or ``Engine(step)``; returns ``self``."""
+        step = tbptt_step_of(engine, "GradientReach")
+        step.reach_every, step.reach_stride = self.every, self.stride
+        return self

@@ -17,11 +17,12 @@ def spec_windows(k1, k2, length):
     return [(a, min(a + k1, length), spec_cut(k1, k2, a, min(a + k1, length))) for a in range(0, length, k1)]
 
 
-def plan_stream(k1, k2, lengths, known, recompute, starts=()):
+def plan_stream(k1, k2, lengths, known, recompute, starts=(), stride=None):
     """Plan a carried stream cut into batches of ``lengths`` as the trainer's loop does, window by window.
 
     The stream's end is known in its last batch when the epoch's length is (``known``), else only after it.
-    ``starts``: the steps where some column starts a sequence.
+    ``starts``: the steps where some column starts a sequence; ``stride``: every window's reach is recorded
+    with that stride.
     """
     source = Schedule(k1, k2)
     plans, windows = [], []
@@ -32,7 +33,7 @@ def plan_stream(k1, k2, lengths, known, recompute, starts=()):
         while position < batch_end:
             window = window or source.window(position)
             next_start = min((t for t in starts if t > position), default=None)
-            plan = plan_segment(source, window, position, batch_end, stream_end, recompute, next_start)
+            plan = plan_segment(source, window, position, batch_end, stream_end, recompute, next_start, stride)
             assert plan.start == position < plan.end <= batch_end
             plans.append((plan, window.start))
             position = plan.end
@@ -51,23 +52,28 @@ stream = dict(
     known=st.booleans(),
     recompute=st.one_of(st.none(), st.integers(1, 4)),
     starts=st.one_of(st.just(()), st.sets(st.integers(0, 48), max_size=12)),
+    stride=st.one_of(st.none(), st.integers(1, 4)),
 )
 
 
 @settings(max_examples=300, deadline=None)
 @given(**stream)
-def test_windows_tile_the_stream_as_the_spec_says(k1, k2, lengths, known, recompute, starts):
-    _, windows = plan_stream(k1, k2, lengths, known, recompute, starts)
+def test_windows_tile_the_stream_as_the_spec_says(k1, k2, lengths, known, recompute, starts, stride):
+    _, windows = plan_stream(k1, k2, lengths, known, recompute, starts, stride)
     assert windows == [(a, b) for a, b, _ in spec_windows(k1, k2, sum(lengths))]
 
 
 @settings(max_examples=300, deadline=None)
 @given(**stream)
-def test_no_segment_straddles_a_window_end_a_cut_a_batch_end_or_a_start(k1, k2, lengths, known, recompute, starts):
+def test_no_segment_straddles_a_window_end_a_cut_a_batch_end_a_start_or_a_stride(
+    k1, k2, lengths, known, recompute, starts, stride
+):
     length = sum(lengths)
-    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts)
+    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts, stride)
     forbidden = {b for _, b, _ in spec_windows(k1, k2, length)} | {c for *_, c in spec_windows(k1, k2, length)}
     forbidden |= set(itertools.accumulate(lengths)) | set(starts)
+    if stride is not None:  # a recorded window's extra points, counted from its start
+        forbidden |= {a + j for a, *_ in spec_windows(k1, k2, length) for j in range(0, k1, stride)}
     assert {t for t in starts if t < length} <= {plan.start for plan, _ in plans}  # each reset opens a call
     for plan, window_start in plans:
         assert not any(plan.start < f < plan.end for f in forbidden), plan
@@ -78,10 +84,10 @@ def test_no_segment_straddles_a_window_end_a_cut_a_batch_end_or_a_start(k1, k2, 
 
 @settings(max_examples=300, deadline=None)
 @given(**stream)
-def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths, known, recompute, starts):
+def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths, known, recompute, starts, stride):
     length = sum(lengths)
     windows = spec_windows(k1, k2, length)
-    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts)
+    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts, stride)
     for plan, window_start in plans:
         w = window_start // k1
         start, end, cut = windows[w]

@@ -5,15 +5,15 @@ import torch
 
 from ignite_tbptt import GradientReach, TBPTTEvents, create_tbptt_trainer
 
-from .helpers import make_batches
+from .helpers import compare_with_reference, make_batches
 from .reference import Net, cross_entropy
 
 
-def recorded(model, k1, k2, batches, every=1, **options):
+def recorded(model, k1, k2, batches, every=1, stride=None, **options):
     trainer = create_tbptt_trainer(
         model, torch.optim.SGD(model.parameters(), lr=0.0), cross_entropy, k1, k2, carry_hidden=True, **options
     )
-    GradientReach(every=every).attach(trainer)
+    GradientReach(every=every, stride=stride).attach(trainer)
     windows = []
     trainer.add_event_handler(
         TBPTTEvents.WINDOW_COMPLETED,
@@ -44,17 +44,20 @@ def brute_force_reach(model, batches, start, end, targets, lags):
 
 @pytest.mark.parametrize("k1,k2", [(4, 4), (3, 7), (2, 5), (6, 3)], ids=["k1=k2", "k2>k1", "k2>>k1", "k2<k1"])
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
-def test_reach_equals_autograd_on_the_whole_stream(k1, k2, cell):
+@pytest.mark.parametrize("stride", [None, 2])
+def test_reach_equals_autograd_on_the_whole_stream(k1, k2, cell, stride):
     torch.manual_seed(0)
     model = Net(cell).double()
     batches = make_batches((7, 9, 6))
-    windows = recorded(model, k1, k2, batches)
+    windows = recorded(model, k1, k2, batches, stride=stride)
     assert len(windows) == -(-22 // k1)
     for (start, end, cut), reach, targets in windows:
         lags = sorted(reach)
         if cut > 0:  # the cut is always a point of the profile, except at the stream's start
             assert max(lags) == end - cut
         assert all(end - lag >= cut for lag in lags)
+        if stride is not None:  # a point every `stride` steps from the window's start, after the cut
+            assert {end - t for t in range(start, end, stride) if t > cut} <= set(lags)
         expected = brute_force_reach(model, batches, start, end, targets, lags)
         assert reach == pytest.approx(expected, rel=1e-6)
 
@@ -82,6 +85,14 @@ def test_attach_needs_a_tbptt_trainer():
         GradientReach().attach(Engine(lambda e, b: None))
     with pytest.raises(ValueError, match="every"):
         GradientReach(every=0)
+    with pytest.raises(ValueError, match="stride"):
+        GradientReach(stride=0)
+
+
+@pytest.mark.parametrize("k1,k2", [(4, 4), (3, 7), (6, 3)])
+def test_recording_with_a_stride_trains_as_the_reference(k1, k2):
+    # More and shorter model calls in the recorded windows: the same gradients, summed in another order.
+    compare_with_reference(k1, k2, carry_hidden=True, handlers=[GradientReach(every=2, stride=2)])
 
 
 @pytest.mark.parametrize("k1,k2", [(4, 4), (3, 7), (6, 3)])

@@ -227,6 +227,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="record the gradient reach of every N-th window (TensorBoard: train/reach_at_cut and the\n"
         "gradient_reach picture), 0 for none",
     )
+    p.add_argument(
+        "--reach-stride", type=int, help="with --reach: also a point of the profile every S steps of a recorded window"
+    )
     return p.parse_args(argv)
 
 
@@ -322,7 +325,7 @@ def main(argv: list[str] | None = None) -> dict:
         say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
 
     if args.reach:
-        GradientReach(every=args.reach).attach(trainer)
+        GradientReach(every=args.reach, stride=args.reach_stride).attach(trainer)
     hparams = {name: getattr(args, name) for name in ("lr", "batch_size", "seq_len", "hidden", "embedding", "clip")}
     tb_logger = (
         attach_tensorboard(
