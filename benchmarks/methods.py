@@ -14,7 +14,7 @@ from ignite.contrib.engines.tbptt import create_supervised_tbptt_trainer
 from torch import nn
 from torch.func import functional_call
 
-from ignite_tbptt import GradientReach, RandomWindows, create_tbptt_trainer
+from ignite_tbptt import GradientReach, Schedule, create_tbptt_trainer
 
 __all__ = ["CharModel", "loss_fn", "hand", "segmented", "ignite", "chained", "recompute", "ours"]
 
@@ -70,7 +70,7 @@ def hand(model, optimizer, batches, k1, k2, device):
     return forward, backward, step
 
 
-def segmented(model, optimizer, batches, k1, k2, device):
+def segmented(model, optimizer, batches, k1, k2, device, make_windows=None, one_stream=False):
     """The hand loop made exact for k2 >= k1: fused calls, split only where a later window's cut falls.
 
     What a careful hand-written loop must do to compute TBPTT(k1, k2) exactly with fused calls. The steps
@@ -80,8 +80,12 @@ def segmented(model, optimizer, batches, k1, k2, device):
     differentiable clone of the weights taken after the last optimizer step, so that the retained graphs
     keep the weights they ran with. It is ``create_tbptt_trainer``'s work with no engine, events or checks,
     and the backend's cost of a call is paid as often: the reference for what exactness costs.
+
+    ``make_windows()`` (a fresh window source, default ``Schedule(k1, k2)``) gives the windows; ``one_stream``
+    runs the batches as one stream, as ``carry_hidden=True`` does.
     """
-    _exact(model, optimizer, batches, k1, k2, device, per_step=False)
+    source = Schedule(k1, k2) if make_windows is None else make_windows()
+    _exact(model, optimizer, batches, k1, k2, device, per_step=False, source=source, one_stream=one_stream)
 
 
 def ignite(model, optimizer, batches, k1, k2, device):
@@ -91,11 +95,18 @@ def ignite(model, optimizer, batches, k1, k2, device):
     _sync(device)
 
 
-def ours(model, optimizer, batches, k1, k2, device, recompute_steps=None, random_windows=False, reach_every=None):
-    """``create_tbptt_trainer``; with AWD-LSTM's random window lengths, or recording the gradient reach."""
-    windows = RandomWindows(k1, k2, seed=0) if random_windows else k1
+def ours(model, optimizer, batches, k1, k2, device, recompute_steps=None, make_windows=None, **options):
+    """``create_tbptt_trainer``; with the windows of ``make_windows()`` (random windows), recording the gradient
+    reach (``reach_every``), or running the batches as one stream (``one_stream``, ``carry_hidden=True``)."""
+    reach_every, one_stream = options.get("reach_every"), options.get("one_stream", False)
     trainer = create_tbptt_trainer(
-        model, optimizer, loss_fn, windows, None if random_windows else k2, recompute=recompute_steps
+        model,
+        optimizer,
+        loss_fn,
+        k1 if make_windows is None else make_windows(),
+        k2 if make_windows is None else None,
+        recompute=recompute_steps,
+        carry_hidden=one_stream,
     )
     if reach_every is not None:
         GradientReach(every=reach_every).attach(trainer)
@@ -115,27 +126,40 @@ def chained(model, optimizer, batches, k1, k2, device):
     _exact(model, optimizer, batches, k1, k2, device, per_step=True)
 
 
-def _exact(model, optimizer, batches, k1, k2, device, per_step):
+def _stream_windows(source, length):
+    """``(start, end, cut)`` of every window of a stream of ``length`` steps, as the trainer asks ``source``."""
+    source.reset()
+    windows, start = [], 0
+    while start < length:
+        end = min(source.window(start).end, length)
+        windows.append((start, end, source.cut(start, end)))
+        start = end
+    return windows
+
+
+def _exact(model, optimizer, batches, k1, k2, device, per_step, source=None, one_stream=False):
     assert k2 >= k1
+    source = Schedule(k1, k2) if source is None else source
     params = dict(model.named_parameters())
-    split = (k2 - k1) % k1  # cuts repeat every k1 steps, this far before a window's end
+    if one_stream:
+        batches = [(torch.cat([x for x, _ in batches]), torch.cat([y for _, y in batches]))]
     for x, y in batches:
         length, hidden = x.shape[0], None
+        planned = _stream_windows(source, length)
+        cuts = [cut for _, _, cut in planned]
         pieces = []  # [start, input state leaves, output state, owed loss] of the retained model calls
-        for start in range(0, length, k1):
-            end = min(start + k1, length)
+        for i, (start, end, cut) in enumerate(planned):
             weights = {name: p.clone() for name, p in params.items()}
             if per_step:
                 bounds = list(range(start, end + 1))
-            else:
-                inner = start + k1 - split
-                bounds = [start, inner, end] if split and inner < end else [start, end]
+            else:  # a piece ends where the window does and where a later window's cut falls
+                bounds = sorted({start, end, *(c for c in cuts[i + 1 :] if start < c < end)})
             for a, b in zip(bounds, bounds[1:]):
                 state_in = None if hidden is None else tuple(h.detach().requires_grad_() for h in _as_tuple(hidden))
                 args = (x[a:b],) if state_in is None else (x[a:b], _from_tuple(state_in, hidden))
                 y_pred, hidden = functional_call(model, weights, args)
                 pieces.append([a, state_in, _as_tuple(hidden), loss_fn(y_pred, y[a:b]) * ((b - a) / (end - start))])
-            cut, next_cut = max(0, start - (k2 - k1)), end - (k2 - k1)
+            next_cut = cuts[i + 1] if i + 1 < len(planned) else length
             optimizer.zero_grad()
             state_grad = None
             for piece in reversed(pieces):
@@ -143,7 +167,7 @@ def _exact(model, optimizer, batches, k1, k2, device, per_step):
                 outputs, grads = ([loss], [torch.ones_like(loss)]) if loss is not None else ([], [])
                 if state_grad is not None:
                     outputs, grads = outputs + list(state_out), grads + state_grad
-                torch.autograd.backward(outputs, grads, retain_graph=end < length and a >= next_cut)
+                torch.autograd.backward(outputs, grads, retain_graph=a >= next_cut)
                 piece[3] = None
                 if a == cut:
                     break

@@ -13,6 +13,7 @@ is a smoke run on tiny sizes.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -25,8 +26,16 @@ from pathlib import Path
 import torch
 
 from benchmarks import methods
+from ignite_tbptt import RandomWindows
 
 PAIRS = [(25, 25), (200, 200), (25, 50), (20, 30), (10, 40), (32, 48)]
+# The rows compared with the same method without their variation, in the "vs baseline" column.
+BASELINES = {
+    "ours, documents": "ours",
+    "ours, reach every 100": "ours",
+    "ours, random windows": "ours, one stream",
+    "hand, exact segments, random windows": "hand, exact segments, one stream",
+}
 RECOMPUTE = {(200, 200): 20, (25, 50): 25}  # pairs also timed in recomputation mode, and its segment length
 
 
@@ -60,9 +69,15 @@ and slowest run.
   start at each step of each column with probability 1 / (4 k1)). Every step where some column starts
   ends a segment, so with 32 columns the model is called on much shorter pieces; *vs ours* is its time
   over that of the same run without starts.
-- **ours, random windows** and **ours, reach every 100** (with `--truncation`): `create_tbptt_trainer`
-  with `RandomWindows(k1, k2)` (AWD-LSTM's lengths: mean a little below k1), and with `GradientReach(every=100)`
-  recording every 100th window; *vs ours* compares them with fixed windows.
+- **ours, reach every 100** (with `--truncation`): `create_tbptt_trainer` with `GradientReach(every=100)`
+  recording every 100th window.
+- **ours, one stream** and **ours, random windows** (with `--truncation`): `create_tbptt_trainer` with
+  `carry_hidden=True`, so that all batches form one stream, with fixed windows and with
+  `RandomWindows(k1, k2, p=1.0)` (AWD-LSTM's lengths, N(k1, 5), without its half-length windows: the mean
+  length is k1). On one long stream both have about as many windows, and as many optimizer steps.
+  **hand, exact segments, one stream** and **hand, exact segments, random windows** (k2 > k1): the exact
+  hand loop on the same windows, one stream, which shows what the backend charges for the extra model
+  calls exactness needs when the next window's cut falls inside a window of random length.
 - **compute limit**: the hand loop's own forward, backward and optimizer-step times, in chunks of k1,
   combined as forward + (k2 / k1) x backward + step: every step runs forward once and backward k2 / k1
   times on average, with one optimizer step per window, and no cost per call. **compute limit,
@@ -71,7 +86,8 @@ and slowest run.
   backend charges for them.
 
 The ratios are times: *vs compute limit* over the compute limit's, *vs hand* over the hand loop's
-(k1 = k2) or the exact hand loop's (k2 > k1), *vs ours* over ours without starts. Below 1.00x is faster.
+(k1 = k2) or the exact hand loop's (k2 > k1), *vs baseline* over the same method without its variation:
+ours without starts or recording, and fixed windows on one stream for random windows. Below 1.00x is faster.
 
 Memory: each row is one training run in a fresh process, `carry_hidden=True`, batches of 200 steps
 (`benchmarks/memory.py`). Peak memory is the resident set sampled after every model call; above baseline
@@ -129,8 +145,16 @@ def run_time(args, device):
             if args.documents:
                 contenders["ours, documents"] = (methods.ours, {"data": with_documents(batches, 4 * k1)})
             if args.truncation:
-                contenders["ours, random windows"] = (methods.ours, {"random_windows": True})
+                # Windows tile one long stream, so random and fixed ones of the same mean length come in equal
+                # numbers (each batch its own stream would add a short last window to most batches).
+                random = functools.partial(RandomWindows, k1, k2, p=1.0, seed=0)
+                contenders["ours, one stream"] = (methods.ours, {"one_stream": True})
+                contenders["ours, random windows"] = (methods.ours, {"make_windows": random, "one_stream": True})
                 contenders["ours, reach every 100"] = (methods.ours, {"reach_every": 100})
+                if k2 > k1:
+                    contenders["hand, exact segments, one stream"] = (methods.segmented, {"one_stream": True})
+                    exact_random = {"make_windows": random, "one_stream": True}
+                    contenders["hand, exact segments, random windows"] = (methods.segmented, exact_random)
             times = {name: [] for name in contenders}
             phases = []
             for name, (method, kwargs) in contenders.items():  # warm-up, untimed
@@ -195,17 +219,16 @@ def run_memory(args):
 
 def table(time_rows, memory_rows):
     header = "| model | k1 | k2 | method | tokens/s (median) | time s (median, min-max) | vs compute limit | vs hand |"
-    compared = ("ours, documents", "ours, random windows", "ours, reach every 100")
-    documents = any(r["method"] in compared for r in time_rows)
-    lines = [header + (" vs ours |" if documents else ""), "|---|---|---|---|---|---|---|---|" + "---|" * documents]
+    documents = any(r["method"] in BASELINES for r in time_rows)
+    lines = [header + (" vs baseline |" if documents else ""), "|---|---|---|---|---|---|---|---|" + "---|" * documents]
     for row in time_rows:
         same = {
             r["method"]: r for r in time_rows if (r["model"], r["k1"], r["k2"]) == (row["model"], row["k1"], row["k2"])
         }
         ratios = []
         references = ["compute limit", "hand" if row["k1"] == row["k2"] else "hand, exact segments"]
-        for reference in references + ["ours"] * documents:
-            useful = reference in same and (reference != "ours" or row["method"] in compared)
+        for reference in references + [BASELINES.get(row["method"], "")] * documents:
+            useful = reference in same
             ratios.append(f"{row['seconds'] / same[reference]['seconds']:.2f}x" if useful else "")
         lo, hi = row["spread"]
         lines.append(
@@ -257,7 +280,9 @@ def main(argv=None):
         "--documents", action="store_true", help="also time ours with sequence starts every 4 x k1 steps on average"
     )
     p.add_argument(
-        "--truncation", action="store_true", help="also time ours with RandomWindows and with GradientReach(every=100)"
+        "--truncation",
+        action="store_true",
+        help="also time RandomWindows against fixed windows on one stream, and GradientReach(every=100)",
     )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", type=Path, default=Path("benchmarks/results.json"))

@@ -110,7 +110,7 @@ class AdaptiveTruncation(WindowSource):
             TypeError: if ``engine`` is not a TBPTT trainer, or its windows come from another source than
                 fixed ``k1`` or :class:`~ignite_tbptt.RandomWindows`.
             ValueError: if ``k2_min`` does not exceed the trainer's k1.
-            RuntimeError: if the trainer is inside a stream (a window is open).
+            RuntimeError: if the trainer is inside a stream (attach before the run, or between epochs).
         """
         step = tbptt_step_of(engine, "AdaptiveTruncation")
         windows = step.source

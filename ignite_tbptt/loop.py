@@ -31,6 +31,8 @@ from .versions import ParameterVersions
 
 __all__ = ["TBPTTStep", "tbptt_step_of"]
 
+_SOURCE_CHANGE = "the window source can only change before a run or between epochs; a stream is at step {}."
+
 
 class TBPTTStep:
     """Process function of a TBPTT(k1, k2) trainer; build it with :func:`~ignite_tbptt.tbptt_training_step`.
@@ -116,16 +118,17 @@ class TBPTTStep:
         self.source.connect(engine, self)
 
     def use_source(self, source: WindowSource) -> None:
-        """Take the windows of the stream from ``source`` from the next window on, before the stream starts.
+        """Take the windows of the streams from ``source``, before a stream starts (before a run or between epochs).
 
         Handlers that plan windows (:class:`~ignite_tbptt.AdaptiveTruncation`) install their source here. A
         source whose windows reach into earlier ones gets the weight versions it needs.
 
         Raises:
-            RuntimeError: if a window is open or graphs are retained: the stream has started.
+            RuntimeError: if a stream is under way: its windows so far kept no more history than the old
+                source's cuts needed.
         """
-        if self.stream.window is not None or self.history.segments:
-            raise RuntimeError("the window source can only change between streams, before a run or after an epoch.")
+        if self.stream.position > 0:
+            raise RuntimeError(_SOURCE_CHANGE.format(self.stream.position))
         if source.spans_windows and self.versions is None:
             self.versions = ParameterVersions(self.optim.parameters)
             self.forward.versions = self.history.versions = self.versions

@@ -145,6 +145,24 @@ def test_bad_attachments_leave_the_trainer_as_it_was():
     assert trainer.tbptt.source is adaptive
 
 
+def test_attaching_inside_a_stream_is_refused_before_anything_changes():
+    # The windows so far kept only what k2 = k1 needed: a longer reach from here on would find no history.
+    model = Net().double()
+    trainer = sgd_trainer(model, 3)
+    errors = []
+
+    def attach(engine):
+        try:
+            AdaptiveTruncation(delta=0.1, k2_min=5, k2_max=10).attach(engine)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED(once=2), attach)
+    trainer.run(make_batches((12,)))
+    assert errors and "a stream is at step 6" in errors[0]
+    assert trainer.tbptt.source.k2 == 3 and trainer.tbptt.versions is None
+
+
 def test_k2_is_logged_to_tensorboard(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

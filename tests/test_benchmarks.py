@@ -1,9 +1,11 @@
+import functools
 import json
 
 import pytest
 import torch
 
 from benchmarks import methods, run
+from ignite_tbptt import RandomWindows
 
 pytestmark = pytest.mark.slow  # runs the quick benchmark
 
@@ -32,6 +34,13 @@ def assert_equal(a, b):
 def test_the_exact_baselines_compute_what_ours_computes(method, k1, k2):
     # A baseline is only a fair comparison if it does the same work correctly.
     assert_equal(train(method, k1, k2), train(methods.ours, k1, k2))
+
+
+@pytest.mark.parametrize("k1,k2", [(3, 7), (4, 4)])
+def test_the_exact_hand_loop_on_random_windows_and_one_stream_computes_what_ours_computes(k1, k2):
+    windows = functools.partial(RandomWindows, k1, k2, std=1.5, min_length=1, seed=0)
+    options = dict(make_windows=windows, one_stream=True)
+    assert_equal(train(methods.segmented, k1, k2, **options), train(methods.ours, k1, k2, **options))
 
 
 def test_the_hand_loop_and_ignite_compute_what_ours_computes_for_k1_equal_k2():
