@@ -2,13 +2,17 @@
 
 Aicher, Foti & Fox (2019), "Adaptively truncating backpropagation through time to control gradient bias"
 (UAI): the gradient of a loss with respect to the hidden state ``k`` steps back decays roughly geometrically,
-``|dL/dh_{t-k}| ~ C beta^k`` with ``beta < 1``; truncating after ``K`` steps then drops a fraction of about
-``beta^K`` of the gradient, the relative bias. Choosing the smallest ``K`` with ``beta^K <= delta`` bounds
-it by ``delta``. Here ``beta`` is estimated from the gradient reach of recorded windows
-(:class:`~ignite_tbptt.GradientReach`): the slope of the log norm against the lag between each window's
-start and its cut, a median over the last few recorded windows. Aicher et al. measure the decay on the
-steps before a loss as well; inside a window, each step back also adds a step's loss to the gradient, so only
-the steps between a window's start and its cut, which add none, show the decay alone.
+``|dL/dh_{t-k}| ~ C beta^k`` with ``beta < 1``; truncating a loss's backward pass after ``K`` steps then
+drops a fraction of about ``beta^K`` of its gradient, the relative bias, and choosing the smallest ``K`` with
+``beta^K <= delta`` bounds it by ``delta``. In TBPTT(k1, k2) the losses of a window reach back ``k2`` steps
+(its last step) down to ``k2 - k1 + 1`` (its first), so bounding the bias of every loss of a full window
+asks for ``beta ** (k2 - k1 + 1) <= delta``. Here ``beta`` is estimated from the gradient reach of recorded
+windows (:class:`~ignite_tbptt.GradientReach`): the slope of the log norm against the lag between each
+window's start and its cut, a median over the last few recorded windows. Aicher et al. measure the decay
+from a single loss; inside a window each step back also adds a step's loss to the gradient, so only the
+steps between a window's start and its cut, which add none, show the decay alone. The ratio of the norm at
+the cut to the norm at the window's start, ``beta ** (k2 - k1)``, is about what TensorBoard shows as
+``train/reach_at_cut``.
 """
 
 from __future__ import annotations
@@ -37,11 +41,12 @@ class AdaptiveTruncation(WindowSource):
     the gradient reach of every ``every``-th window (as ``GradientReach(every)``; the profile is in
     ``engine.state.gradient_reach``), estimates the geometric decay rate ``beta`` per step of the
     hidden-state gradient from the last ``memory`` recorded windows, and sets k2 to the smallest value with
-    ``beta ** k2 <= delta``, within ``[k2_min, k2_max]``. A window's cut follows SPEC.md's rule for k2 >= k1,
-    ``start - (k2 - k1)``, with the k2 of when the window was planned: a new k2 applies to windows not yet
-    planned, and cuts never move backwards (a k2 that grows by more than k1 reaches its new length over the
-    following windows). The retained history never reaches more than ``k2_max`` steps back from the end of a
-    window of length ``k1``.
+    ``beta ** (k2 - k1 + 1) <= delta``, within ``[k2_min, k2_max]``: the first step of a window, whose loss
+    reaches back the least, ``k2 - k1 + 1`` steps, then loses about a fraction ``delta`` of its gradient.
+    A window's cut follows SPEC.md's rule for k2 >= k1, ``start - (k2 - k1)``, with the k2 of when the window
+    was planned: a new k2 applies to windows not yet planned, and cuts never move backwards (a k2 that grows
+    by more than k1 reaches its new length over the following windows). The retained history never reaches
+    more than ``k2_max`` steps back from the end of a window of length ``k1``.
 
     ``engine.state.k2`` holds the current k2 (logged by :func:`~ignite_tbptt.attach_tensorboard` as
     ``train/k2``). The handler's state (k2, the recent estimates, the planned windows) is part of the
@@ -204,13 +209,15 @@ class AdaptiveTruncation(WindowSource):
         engine.state.k2 = self.k2
 
     def choose(self, log_rate: float) -> int:
-        """The smallest k2 in ``[k2_min, k2_max]`` with ``exp(log_rate) ** k2 <= delta``.
+        """The smallest k2 in ``[k2_min, k2_max]`` with ``exp(log_rate) ** (k2 - k1 + 1) <= delta``.
 
-        Examples:
-            >>> adaptive = AdaptiveTruncation(delta=0.01, k2_min=20, k2_max=200)
-            >>> adaptive.choose(math.log(0.9)), adaptive.choose(math.log(0.5)), adaptive.choose(0.0)
-            (44, 20, 200)
+        Args:
+            log_rate: the log of the decay per step of the hidden-state gradient, ``log(beta)``.
+
+        Raises:
+            TypeError: before :meth:`attach` (k1 comes from the trainer).
         """
         if log_rate >= 0:  # no decay measured: reach as far as allowed
             return self.k2_max
-        return min(self.k2_max, max(self.k2_min, math.ceil(math.log(self.delta) / log_rate)))
+        reach = math.ceil(math.log(self.delta) / log_rate)  # steps back the first step's loss needs
+        return min(self.k2_max, max(self.k2_min, self.k1 - 1 + reach))

@@ -9,6 +9,7 @@ from ignite.engine import Engine
 from ignite_tbptt import (
     AdaptiveTruncation,
     RandomWindows,
+    Schedule,
     TBPTTEvents,
     create_tbptt_trainer,
     tbptt_training_step,
@@ -90,17 +91,22 @@ def test_the_decay_is_fitted_between_the_window_start_and_the_cut_only():
     # A window of 4 steps: the lags 1 and 2 inside it carry fewer losses and must not enter the fit.
     engine.state.window_bounds = (10, 14, 6)
     engine.state.gradient_reach = {1: 1e-9, 2: 1e-6, 4: 1.0, 8: 0.5**4}
+    adaptive.windows = Schedule(4, 4)  # as attach() sets it, k1 = 4
     adaptive._observe(engine)
     assert adaptive.rates[0] == pytest.approx(math.log(0.5))
-    assert adaptive.k2 == engine.state.k2 == 7  # 0.5 ** 7 <= 0.01 < 0.5 ** 6
+    assert adaptive.k2 == engine.state.k2 == 10  # 0.5 ** (10 - 4 + 1) <= 0.01 < 0.5 ** 6
 
 
-def test_choose_picks_the_smallest_k2_with_the_bias_under_delta():
-    adaptive = AdaptiveTruncation(delta=0.05, k2_min=12, k2_max=100)
+def test_choose_picks_the_smallest_k2_with_the_bias_of_a_windows_first_step_under_delta():
+    adaptive = AdaptiveTruncation(delta=0.05, k2_min=12, k2_max=100).attach(sgd_trainer(Net(), 10))
     for rate in (0.5, 0.8, 0.9, 0.95):
         k2 = adaptive.choose(math.log(rate))
-        assert rate**k2 <= 0.05 or k2 == 100
-        assert k2 == 12 or rate ** (k2 - 1) > 0.05
+        reach = k2 - 10 + 1  # the window's first step reaches back k2 - k1 + 1 steps
+        assert rate**reach <= 0.05 or k2 == 100
+        assert k2 == 12 or rate ** (reach - 1) > 0.05
+    assert [adaptive.choose(math.log(r)) for r in (0.5, 0.9, 1.0)] == [14, 38, 100]  # 0.5 ** 5, 0.9 ** 29
+    with pytest.raises(TypeError, match="attach"):
+        AdaptiveTruncation(delta=0.05, k2_min=12, k2_max=100).choose(-1.0)
 
 
 def test_resuming_mid_epoch_goes_on_with_the_same_k2(tmp_path):

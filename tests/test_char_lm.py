@@ -79,10 +79,12 @@ def test_documents_are_packed_with_a_reset_at_each_start(tmp_path, capsys):
         paths[-1].write_text(sentence * (60 + 40 * i), encoding="utf-8")
     args = ["--text", *map(str, paths), "--batch-size", "2", "--seq-len", "40", "--hidden", "64", "--embedding", "16"]
     args += ["--valid-fraction", "0.2", "--k1", "8", "--k2", "12", "--epochs", "2", "--no-progress"]
-    history = char_lm.main([*args, "--reach", "3", "--logdir", str(tmp_path / "runs")])
-    events = EventAccumulator(str(tmp_path / "runs"))
+    history = char_lm.main([*args, "--reach", "3", "--adaptive", "0.01", "--k2-max", "30", "--logdir", str(tmp_path)])
+    events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert "train/reach_at_cut" in events.Tags()["scalars"]  # --reach: the gradient reach in TensorBoard
+    k2s = [e.value for e in events.Scalars("train/k2")]  # --adaptive: k2 from 12, in (8, 30]
+    assert k2s[0] == 12 and all(9 <= k2 <= 30 for k2 in k2s) and len(set(k2s)) > 1
     assert "in 3 documents" in capsys.readouterr().out  # the validation tail splits the last file in two
     _, train, valid, _ = char_lm.load_data(char_lm.parse_args(args))
     starts = torch.cat([s for _, _, s in train])

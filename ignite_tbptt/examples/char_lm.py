@@ -20,7 +20,9 @@ It logs each window's training loss (nats per character), gradient norm, learnin
 to TensorBoard, and prints the validation bits per character after each epoch, next to the unigram model's
 (the entropy of the training text's character frequencies, about 4.4 bits for code). Checkpoints go to
 ``LOGDIR/checkpoints`` every ``--checkpoint-every`` iterations; ``--resume FILE`` continues a run from one,
-mid-epoch included, with the result of an uninterrupted run.
+mid-epoch included, with the result of an uninterrupted run. ``--reach N`` records the gradient reach of
+every N-th window (TensorBoard: ``train/reach_at_cut`` and a picture); ``--adaptive DELTA`` lets k2 follow
+the measured decay of the hidden-state gradient (TensorBoard: ``train/k2``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ignite.handlers import Checkpoint, DiskSaver, ProgressBar
 from torch import nn
 
 from ignite_tbptt import (
+    AdaptiveTruncation,
     BitsPerTarget,
     GradientClipping,
     GradientReach,
@@ -230,6 +233,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--reach-stride", type=int, help="with --reach: also a point of the profile every S steps of a recorded window"
     )
+    p.add_argument(
+        "--adaptive",
+        type=float,
+        metavar="DELTA",
+        help="let k2 follow the measured gradient decay (AdaptiveTruncation), keeping the estimated truncation\n"
+        "bias under DELTA; k2 starts at --k2 and stays in (k1, --k2-max] (TensorBoard: train/k2)",
+    )
+    p.add_argument("--k2-max", type=int, default=200, help="with --adaptive: the longest k2 (default 200)")
     return p.parse_args(argv)
 
 
@@ -324,6 +335,11 @@ def main(argv: list[str] | None = None) -> dict:
         Checkpoint.load_objects(to_save, torch.load(args.resume, map_location=device, weights_only=False))
         say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
 
+    if args.adaptive:
+        k2_min = args.k1 + 1  # the decay is measured between a window's start and its cut
+        first = min(max(args.k2, k2_min), args.k2_max)
+        every = args.reach or 10
+        AdaptiveTruncation(args.adaptive, k2_min, args.k2_max, every=every, k2=first).attach(trainer)
     if args.reach:
         GradientReach(every=args.reach, stride=args.reach_stride).attach(trainer)
     hparams = {name: getattr(args, name) for name in ("lr", "batch_size", "seq_len", "hidden", "embedding", "clip")}
