@@ -18,6 +18,7 @@ the cut to the norm at the window's start, ``beta ** (k2 - k1)``, is about what 
 from __future__ import annotations
 
 import math
+import numbers
 import statistics
 from collections import deque
 from typing import Any
@@ -91,7 +92,7 @@ class AdaptiveTruncation(WindowSource):
         k2: int | None = None,
         memory: int = 10,
     ) -> None:
-        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0.0 < delta < 1.0:
+        if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 < delta < 1.0:
             raise ValueError(f"delta must be a relative bias in (0, 1), got {delta!r}.")
         self.k2_min = positive_int("k2_min", k2_min, "a number of time steps")
         self.k2_max = positive_int("k2_max", k2_max, "a number of time steps")

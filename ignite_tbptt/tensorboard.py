@@ -132,8 +132,8 @@ def attach_tensorboard(
 
     After each run of an evaluator, its ``engine.state.metrics`` under the evaluator's name. Once, at
     attachment: the hyper-parameters (the trainer's k1, k2, ..., those of an ``AdaptiveTruncation`` attached
-    before, and ``hparams``) for TensorBoard's HParams
-    tab, and the schedule picture (:func:`~ignite_tbptt.plot_schedule`) as the image ``schedule``.
+    before, and ``hparams``) for TensorBoard's HParams tab, and the schedule picture
+    (:func:`~ignite_tbptt.plot_schedule`) as the image ``schedule``.
 
     Args:
         trainer: an engine from :func:`~ignite_tbptt.create_tbptt_trainer`.

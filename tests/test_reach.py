@@ -62,6 +62,18 @@ def test_reach_equals_autograd_on_the_whole_stream(k1, k2, cell, stride):
         assert reach == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.parametrize("k1,k2,stride", [(3, 7, None), (4, 4, 2), (6, 3, None)])
+def test_reach_in_recomputation_mode_equals_autograd_on_the_whole_stream(k1, k2, stride):
+    # The sweep rebuilds the segments' graphs; the reach comes from the rebuilt ones.
+    torch.manual_seed(0)
+    model = Net().double()
+    batches = make_batches((7, 9, 6))
+    windows = recorded(model, k1, k2, batches, stride=stride, recompute=2)
+    assert any(len(reach) > 1 for _, reach, _ in windows)
+    for (start, end, _), reach, targets in windows:
+        assert reach == pytest.approx(brute_force_reach(model, batches, start, end, targets, sorted(reach)), rel=1e-6)
+
+
 def test_windows_that_are_not_recorded_cost_nothing_and_say_none():
     torch.manual_seed(0)
     model = Net().double()
