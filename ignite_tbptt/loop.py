@@ -350,18 +350,10 @@ class TBPTTStep:
             Its length, and the columns starting a sequence (``(B,)`` bool) at each step of the batch where any
             does.
         """
-        td = self.time_dim
-        length = check_pair(x, y, td)
+        length = check_pair(x, y, self.time_dim)
         rows = {} if starts is None else self._check_starts(x, starts)
-        if self.carry_hidden and x.dim() > 1:
-            streams = x.shape[1 if td == 0 else 0]
-            if self.stream.streams is not None and streams != self.stream.streams:
-                raise ValueError(
-                    f"with carry_hidden=True the batches of an epoch are pieces of the same {self.stream.streams} "
-                    f"parallel streams, but this batch has {streams}. Drop the last incomplete batch "
-                    "(stream_batches lays out equal columns), or use carry_hidden=False."
-                )
-            self.stream.streams = streams
+        if self.carry_hidden:
+            self.stream.check_columns(x, self.time_dim)
         return length, rows
 
     def _check_starts(self, x: torch.Tensor, starts: Any) -> dict[int, torch.Tensor]:

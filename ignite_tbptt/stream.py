@@ -55,6 +55,23 @@ class StreamState:
         self.window_loss, self.window_targets = 0.0, 0
         return self.window
 
+    def check_columns(self, x: torch.Tensor, time_dim: int) -> None:
+        """Check that the batch ``x`` of a carried stream has the stream's parallel columns; the first sets them.
+
+        Raises:
+            ValueError: if it has another number of columns than the epoch's first batch.
+        """
+        if x.dim() < 2:
+            return
+        streams = x.shape[1 if time_dim == 0 else 0]
+        if self.streams is not None and streams != self.streams:
+            raise ValueError(
+                f"with carry_hidden=True the batches of an epoch are pieces of the same {self.streams} parallel "
+                f"streams, but this batch has {streams}. Drop the last incomplete batch (stream_batches lays out "
+                "equal columns), or use carry_hidden=False."
+            )
+        self.streams = streams
+
     def recover(self) -> None:
         """After an optimizer step skipped for inf/NaN: cut the history there, restart a non-finite hidden state."""
         self.history.clear()
