@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from ignite.engine import Engine
 
 from ignite_tbptt import (
@@ -186,3 +188,26 @@ def test_k2_is_logged_to_tensorboard(tmp_path):
     events.Reload()
     assert [e.value for e in events.Scalars("train/k2")] == chosen
     assert len(set(chosen)) > 1
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    k1=st.integers(1, 8),
+    bounds=st.tuples(st.integers(1, 10), st.integers(0, 30)),
+    k2s=st.lists(st.integers(0, 60), min_size=1, max_size=30),
+    random_lengths=st.booleans(),
+)
+def test_planned_windows_tile_never_move_their_cuts_back_and_stay_within_k2_max(k1, bounds, k2s, random_lengths):
+    # Whatever k2 the estimate asks for between windows, the source keeps the rules the retained history needs.
+    k2_min, k2_max = k1 + bounds[0], k1 + bounds[0] + bounds[1]
+    adaptive = AdaptiveTruncation(delta=0.1, k2_min=k2_min, k2_max=k2_max)
+    adaptive.windows = RandomWindows(k1, std=2.0, min_length=1, seed=0) if random_lengths else Schedule(k1, k1)
+    start, last_cut = 0, 0
+    for k2 in k2s:
+        adaptive.k2 = min(k2_max, max(k2_min, k2))  # as choose() bounds it
+        window = adaptive.window(start)
+        assert window.start == start < window.end and window == adaptive.window(start)  # the same when asked again
+        assert last_cut <= window.cut < window.end
+        assert window.cut <= max(0, start - (k2_min - k1))  # at least k2_min's reach, once the stream allows
+        assert window.start - window.cut <= k2_max - k1  # the history never reaches past k2_max
+        start, last_cut = window.end, window.cut
