@@ -188,13 +188,39 @@ def _checked(sequence: object, index: int) -> torch.Tensor:
     return sequence
 
 
+class _Columns:
+    """Where the columns of a packing free.
+
+    Each next sequence goes to the column that frees first (on a tie, the lower column): the list-scheduling
+    rule that both ``len()`` and the batches follow.
+    """
+
+    def __init__(self, columns: int) -> None:
+        self.free = [(0, b) for b in range(columns)]  # (step where the column frees, column), a heap
+
+    def place(self, steps: int) -> tuple[int, int]:
+        """Give the next sequence, of ``steps`` steps, a column; returns its first step and the column."""
+        step, b = heapq.heappop(self.free)
+        heapq.heappush(self.free, (step + steps, b))
+        return step, b
+
+    @property
+    def first_free(self) -> int:
+        """The step where the first column frees (the next sequence's first step)."""
+        return self.free[0][0]
+
+    @property
+    def last_free(self) -> int:
+        """The step where the last column frees."""
+        return max(step for step, _ in self.free)
+
+
 def _column_ends(steps: list[int], columns: int) -> tuple[int, int]:
     """The shortest and longest column when sequences of ``steps`` go, in order, to the column that frees first."""
-    free = [(0, b) for b in range(columns)]
+    packing = _Columns(columns)
     for n in steps:
-        step, b = heapq.heappop(free)
-        heapq.heappush(free, (step + n, b))
-    return min(step for step, _ in free), max(step for step, _ in free)
+        packing.place(n)
+    return packing.first_free, packing.last_free
 
 
 def _pack(
@@ -211,23 +237,22 @@ def _pack(
     Once the sequences are used up, the epoch ends at ``steps`` if given, else where the first column frees
     (``drop_last``) or the last one does.
     """
-    free = [(0, b) for b in range(columns)]  # (step where the column frees, column), a heap
+    packing = _Columns(columns)
     placed: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(columns)]  # (first step, tokens)
     source = ((i, _checked(s, i)) for i, s in enumerate(sequences))
     exhausted, start, dtype = False, 0, None
     while True:
         end = start + length if steps is None else min(start + length, steps)
-        while not exhausted and free[0][0] < end:  # fill every column up to the batch's end
+        while not exhausted and packing.first_free < end:  # fill every column up to the batch's end
             item = next(((i, s) for i, s in source if s.numel() >= 2), None)
             if item is None:
                 exhausted = True
                 break
-            step, b = heapq.heappop(free)
+            step, b = packing.place(item[1].numel() - 1)
             placed[b].append((step, item[1]))
-            heapq.heappush(free, (step + item[1].numel() - 1, b))
             dtype = item[1].dtype
         if exhausted and steps is None:
-            steps = min(step for step, _ in free) if drop_last else max(step for step, _ in free)
+            steps = packing.first_free if drop_last else packing.last_free
             end = min(end, steps)
         if end <= start:
             return
