@@ -133,10 +133,15 @@ def compare_with_reference(
     return trainer
 
 
-def assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=6, epochs=3):
+def assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=6, epochs=3, edit=None, stopped=None):
     """Stop a run at ``stop_at`` through ignite's ``Checkpoint``, resume it in a new trainer: the same parameters.
 
-    ``build()`` returns ``(model, optimizer, trainer)``, seeded the same way each time.
+    ``build()`` returns ``(model, optimizer, trainer)``, seeded the same way each time. ``stopped(trainer)``
+    runs on the interrupted trainer, ``edit(checkpoint)`` on the checkpoint before it loads. The resumed
+    model's parameters are zeroed before loading, so that whatever it trains from comes from the checkpoint.
+
+    Returns:
+        The resumed trainer.
     """
     from ignite.engine import Events
     from ignite.handlers import Checkpoint, DiskSaver
@@ -151,11 +156,20 @@ def assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=6, epochs=3
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), saver)
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
     trainer.run(batches, max_epochs=epochs)
+    if stopped is not None:
+        stopped(trainer)
 
+    # A new process, set up as ignite's DeterministicEngine expects: built and seeded alike, then loaded.
     model, optimizer, trainer = build()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
     (path,) = tmp_path.glob("checkpoint_*.pt")
     checkpoint = torch.load(path, weights_only=False)  # ignite's DeterministicEngine saves numpy's random state
+    if edit is not None:
+        edit(checkpoint)
     Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, checkpoint)
     trainer.run(batches, max_epochs=epochs)
     for p, q in zip(model.parameters(), uninterrupted):
         assert torch.equal(p, q)
+    return trainer

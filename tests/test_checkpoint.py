@@ -1,11 +1,9 @@
 import pytest
 import torch
-from ignite.engine import Events
-from ignite.handlers import Checkpoint, DiskSaver
 
 from ignite_tbptt import create_tbptt_trainer
 
-from .helpers import make_batches
+from .helpers import assert_resume_is_bit_identical, make_batches
 from .reference import Net, cross_entropy
 
 DROPOUT = 0.3  # dropout makes the rebuilt history depend on replaying the random state
@@ -59,36 +57,14 @@ def test_resuming_with_sequence_starts_is_bit_identical(tmp_path, k1, k2, recomp
 
 
 def resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at, edit=None, batches=BATCHES, **options):
-    torch.manual_seed(0)
-    model, _, trainer = build(k1, k2, accumulation, scaler, **options)
-    trainer.run(batches, max_epochs=3)
-    uninterrupted = [p.detach().clone() for p in model.parameters()]
+    def seeded():
+        torch.manual_seed(0)
+        return build(k1, k2, accumulation, scaler, **options)
 
-    torch.manual_seed(0)
-    model, optimizer, trainer = build(k1, k2, accumulation, scaler, **options)
-    to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
-    saver = Checkpoint(to_save, DiskSaver(tmp_path, require_empty=False), n_saved=None)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), saver)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
-    trainer.run(batches, max_epochs=3)
-    assert trainer.tbptt.history.segments or k2 <= k1  # there is retained history to rebuild
-    torch.save(trainer.tbptt.state_dict(), tmp_path / "stream.pt")
-    torch.load(tmp_path / "stream.pt", weights_only=True)  # the stream state is plain tensors and numbers
+    def stopped(trainer):
+        assert trainer.tbptt.history.segments or k2 <= k1  # there is retained history to rebuild
+        torch.save(trainer.tbptt.state_dict(), tmp_path / "stream.pt")
+        torch.load(tmp_path / "stream.pt", weights_only=True)  # the stream state is plain tensors and numbers
 
-    # A new process, set up as ignite's DeterministicEngine expects: same seed, then load the checkpoint.
-    torch.manual_seed(0)
-    model, optimizer, trainer = build(k1, k2, accumulation, scaler, **options)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.zero_()  # whatever is trained from here comes from the checkpoint
-    (path,) = tmp_path.glob("checkpoint_*.pt")
-    # weights_only=False: ignite's DeterministicEngine saves numpy's random state alongside.
-    checkpoint = torch.load(path, weights_only=False)
-    if edit is not None:
-        edit(checkpoint)
-    Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, checkpoint)
-    trainer.run(batches, max_epochs=3)
-
-    for p, q in zip(model.parameters(), uninterrupted):
-        assert torch.equal(p, q)
+    trainer = assert_resume_is_bit_identical(tmp_path, seeded, batches, stop_at, edit=edit, stopped=stopped)
     assert trainer.state.iteration == 15 and trainer.state.window > 0
