@@ -39,11 +39,12 @@ class AdaptiveTruncation(WindowSource):
     Attach it to a trainer: ``AdaptiveTruncation(delta=0.01, k2_min=30, k2_max=200).attach(trainer)``. The
     trainer keeps its windows (every ``k1`` steps, or :class:`~ignite_tbptt.RandomWindows`'s lengths) and
     this handler decides their cuts from then on; the trainer's own ``k2`` is no longer used. It records
-    the gradient reach of every ``every``-th window (as ``GradientReach(every)``; the profile is in
-    ``engine.state.gradient_reach``), estimates the geometric decay rate ``beta`` per step of the
-    hidden-state gradient from the last ``memory`` recorded windows, and sets k2 to the smallest value with
-    ``beta ** (k2 - k1 + 1) <= delta``, within ``[k2_min, k2_max]``: the first step of a window, whose loss
-    reaches back the least, ``k2 - k1 + 1`` steps, then loses about a fraction ``delta`` of its gradient.
+    the gradient reach of every ``every``-th window (as ``GradientReach(every)``, and also those any attached
+    ``GradientReach`` records; the profile is in ``engine.state.gradient_reach``), estimates the geometric
+    decay rate ``beta`` per step of the hidden-state gradient from the last ``memory`` recorded windows, and
+    sets k2 to the smallest value with ``beta ** (k2 - k1 + 1) <= delta``, within ``[k2_min, k2_max]``: the
+    first step of a window, whose loss reaches back the least, ``k2 - k1 + 1`` steps, then loses about a
+    fraction ``delta`` of its gradient.
     A window's cut follows SPEC.md's rule for k2 >= k1, ``start - (k2 - k1)``, with the k2 of when the window
     was planned: a new k2 applies to windows not yet planned, and cuts never move backwards (a k2 that grows
     by more than k1 reaches its new length over the following windows). The retained history never reaches
@@ -190,7 +191,7 @@ class AdaptiveTruncation(WindowSource):
     # -- learning from the run ----------------------------------------------------------------------------------
     def connect(self, engine: Engine, step: TBPTTStep) -> None:
         """Record the reach of every ``every``-th window of ``engine`` and update k2 after each."""
-        step.reach_every = self.every
+        step.record_reach(self.every)
         engine.state.k2 = self.k2
         if not engine.has_event_handler(self._observe, TBPTTEvents.WINDOW_COMPLETED):
             engine.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, self._observe)

@@ -75,7 +75,7 @@ class TBPTTStep:
         self._loaded: dict | None = None
         self._unchecked_columns: int | None = None  # a stream's first hidden state awaiting the reset check
         self._failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
-        self.reach_every: int | None = None  # record the gradient reach of every n-th window (GradientReach)
+        self.reach_every: tuple[int, ...] = ()  # record the gradient reach of every n-th window, for each n
         self.reach_stride: int | None = None  # and split a recorded window's segments this often
         self._recording = False
 
@@ -136,6 +136,17 @@ class TBPTTStep:
         if self._engine is not None:
             source.connect(self._engine, self)
 
+    def record_reach(self, every: int, stride: int | None = None) -> None:
+        """Record the gradient reach of every ``every``-th window too; a ``stride`` splits recorded windows.
+
+        The windows any handler asks for are recorded (GradientReach, AdaptiveTruncation).
+        """
+        self.reach_every = tuple(sorted({*self.reach_every, every}))
+        self.reach_stride = stride if stride is not None else self.reach_stride
+
+    def _records(self, window: int) -> bool:
+        return any(window % every == 0 for every in self.reach_every)
+
     def _started(self, engine: Engine) -> None:
         self._failed = None
         if distributed.is_distributed():
@@ -146,8 +157,7 @@ class TBPTTStep:
             self.stream.load_state_dict(self._loaded)
             self.optim.load_state_dict(self._loaded)
             # A window left open goes on being recorded if it was (GradientReach, AdaptiveTruncation).
-            open_window = self.stream.window is not None and self.reach_every is not None
-            self._recording = open_window and engine.state.window % self.reach_every == 0
+            self._recording = self.stream.window is not None and self._records(engine.state.window)
         else:
             self.stream.reset()
             self.optim.reset()
@@ -287,7 +297,7 @@ class TBPTTStep:
         self.optim.window_started()
         self.stream.open_window()
         engine.state.window += 1
-        self._recording = self.reach_every is not None and engine.state.window % self.reach_every == 0
+        self._recording = self._records(engine.state.window)
         engine.fire_event(TBPTTEvents.WINDOW_STARTED)
         engine.fire_event(Tbptt_Events.TIME_ITERATION_STARTED)
 

@@ -33,6 +33,9 @@ class GradientReach:
     recorded, which cost nothing extra; a recorded window costs one backward step into its cut's hidden state
     and one host synchronisation.
 
+    With several handlers that record (another ``GradientReach``, an
+    :class:`~ignite_tbptt.AdaptiveTruncation`), the windows any of them asks for are recorded.
+
     With ``stride``, a recorded window also starts a segment every ``stride`` steps from its own start, so
     that its profile has a point there too: a denser picture, at k1 = k2 as well, for the price of more and
     shorter model calls in the recorded windows. Splitting a model call changes no gradient; the hidden-state
@@ -72,5 +75,5 @@ class GradientReach:
     def attach(self, engine: Engine) -> GradientReach:
         """Record on ``engine``, a ``create_tbptt_trainer`` trainer or ``Engine(step)``; returns ``self``."""
         step = tbptt_step_of(engine, "GradientReach")
-        step.reach_every, step.reach_stride = self.every, self.stride
+        step.record_reach(self.every, self.stride)
         return self

@@ -10,6 +10,7 @@ from ignite.engine import Engine
 
 from ignite_tbptt import (
     AdaptiveTruncation,
+    GradientReach,
     RandomWindows,
     Schedule,
     TBPTTEvents,
@@ -66,6 +67,23 @@ def test_engine_of_a_process_function_takes_the_handler_too():
     trainer.run(make_batches((30,)))  # the process function attaches itself to the engine here
     assert len(adaptive.rates) == 9  # every window but the first (no step before its start) measured the decay
     assert trainer.state.k2 == adaptive.k2
+
+
+@pytest.mark.parametrize("adaptive_first", [True, False])
+def test_with_a_gradient_reach_attached_the_windows_either_asks_for_are_recorded(adaptive_first):
+    torch.manual_seed(0)
+    trainer = sgd_trainer(Net().double(), 3)
+    adaptive = AdaptiveTruncation(delta=0.02, k2_min=4, k2_max=9, every=2, memory=100)
+    handlers = [adaptive, GradientReach(every=3)]
+    for handler in handlers if adaptive_first else handlers[::-1]:
+        handler.attach(trainer)
+    recorded = []
+    trainer.add_event_handler(
+        TBPTTEvents.WINDOW_COMPLETED, lambda e: recorded.append(e.state.gradient_reach is not None)
+    )
+    trainer.run(make_batches((30,)))
+    assert recorded == [w % 2 == 0 or w % 3 == 0 for w in range(1, 11)]
+    assert len(adaptive.rates) == sum(recorded)  # the handler learns from every recorded window
 
 
 def test_the_retained_history_stays_within_k2_max():
