@@ -26,7 +26,6 @@ from typing import Any
 from ignite.engine import Engine
 
 from .checks import positive_int
-from .events import TBPTTEvents
 from .loop import TBPTTStep, tbptt_step_of
 from .schedule import RandomWindows, Schedule, Window, WindowSource
 
@@ -190,13 +189,12 @@ class AdaptiveTruncation(WindowSource):
 
     # -- learning from the run ----------------------------------------------------------------------------------
     def connect(self, engine: Engine, step: TBPTTStep) -> None:
-        """Record the reach of every ``every``-th window of ``engine`` and update k2 after each."""
+        """Record the reach of every ``every``-th window of ``engine``."""
         step.record_reach(self.every)
         engine.state.k2 = self.k2
-        if not engine.has_event_handler(self._observe, TBPTTEvents.WINDOW_COMPLETED):
-            engine.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, self._observe)
 
-    def _observe(self, engine: Engine) -> None:
+    def observe(self, engine: Engine) -> None:
+        """Update the decay estimate and k2 from the window just completed, if its reach was recorded."""
         reach = engine.state.gradient_reach
         start, end, _ = engine.state.window_bounds
         # Only lags at or past the window's start: closer to its end, each step back adds a step's loss.

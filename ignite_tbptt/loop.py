@@ -321,6 +321,7 @@ class TBPTTStep:
         engine.state.window_bounds = (start, end, cut)
         # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float.
         engine.state.output = float(engine.state.window_loss)
+        self.source.observe(engine)  # a source that learns from the window does so before any handler reads it
         engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)
         engine.fire_event(Tbptt_Events.TIME_ITERATION_COMPLETED)
 

@@ -87,6 +87,14 @@ class WindowSource(ABC):
         """Called when the trainer ``step`` attaches to ``engine``: sources that learn from the run hook in here."""
         return None
 
+    def observe(self, engine: Any) -> None:
+        """Called after each window's backward pass and optimizer step, before ``WINDOW_COMPLETED`` fires.
+
+        ``engine.state`` holds the window's bounds, loss and (if recorded) gradient reach; a source that learns
+        from the run updates itself here, so that every handler of the event sees the update.
+        """
+        return None
+
     def boundary(self, window: Window, step: int, stream_end: int | None = None) -> int:
         """End (exclusive) of the longest run of steps from ``step`` that one model call may cover.
 

@@ -112,7 +112,7 @@ def test_the_decay_is_fitted_between_the_window_start_and_the_cut_only():
     engine.state.window_bounds = (10, 14, 6)
     engine.state.gradient_reach = {1: 1e-9, 2: 1e-6, 4: 1.0, 8: 0.5**4}
     adaptive.windows = Schedule(4, 4)  # as attach() sets it, k1 = 4
-    adaptive._observe(engine)
+    adaptive.observe(engine)
     assert adaptive.rates[0] == pytest.approx(math.log(0.5))
     assert adaptive.k2 == engine.state.k2 == 10  # 0.5 ** (10 - 4 + 1) <= 0.01 < 0.5 ** 6
 
@@ -189,23 +189,29 @@ def test_attaching_inside_a_stream_is_refused_before_anything_changes():
     assert trainer.tbptt.source.k2 == 3 and trainer.tbptt.versions is None
 
 
-def test_k2_is_logged_to_tensorboard(tmp_path):
+@pytest.mark.parametrize("tensorboard_first", [False, True])
+def test_k2_is_logged_to_tensorboard_after_each_update_whatever_the_order_of_attachment(tmp_path, tensorboard_first):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from ignite_tbptt import attach_tensorboard
 
     torch.manual_seed(0)
     trainer = sgd_trainer(Net(), 3)
-    AdaptiveTruncation(delta=0.02, k2_min=4, k2_max=9, every=1, memory=1).attach(trainer)
     chosen = []
     trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda e: chosen.append(e.state.k2))
-    logger = attach_tensorboard(trainer, tmp_path)
+    adaptive = AdaptiveTruncation(delta=0.02, k2_min=4, k2_max=9, every=1, memory=1)
+    if tensorboard_first:
+        logger = attach_tensorboard(trainer, tmp_path)
+        adaptive.attach(trainer)
+    else:
+        adaptive.attach(trainer)
+        logger = attach_tensorboard(trainer, tmp_path)
     trainer.run([(x.float(), y) for x, y in make_batches([12, 12])])
     logger.close()
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert [e.value for e in events.Scalars("train/k2")] == chosen
-    assert len(set(chosen)) > 1
+    assert len(set(chosen)) > 1 and chosen[-1] == adaptive.k2  # the value after the window's update
 
 
 @settings(max_examples=200, deadline=None)
