@@ -67,7 +67,7 @@ and slowest run.
 - **ours, documents** (with `--documents`): `create_tbptt_trainer` on the same tokens as batches
   `(x, y, starts)`: each column a sequence of documents whose lengths are geometric with mean 4 x k1 (a
   start at each step of each column with probability 1 / (4 k1)). Every step where some column starts
-  ends a segment, so with 32 columns the model is called on much shorter pieces; *vs ours* is its time
+  ends a segment, so with 32 columns the model is called on much shorter pieces; *vs baseline* is its time
   over that of the same run without starts.
 - **ours, reach every 100** (with `--truncation`): `create_tbptt_trainer` with `GradientReach(every=100)`
   recording every 100th window.
