@@ -79,6 +79,11 @@ def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Fig
     ]
     if k2 < k1:
         handles.insert(2, Patch(color=_OWN, label="own loss only"))
+    return _legend(ax, handles, own_figure)
+
+
+def _legend(ax: Axes, handles: list, own_figure: bool) -> Figure:
+    """Put the legend right of the plot: outside the axes of a figure drawn here, beside given ``ax`` otherwise."""
     if own_figure:
         ax.figure.legend(handles=handles, loc="outside right upper", frameon=False)
     else:
@@ -164,11 +169,7 @@ def plot_columns(
     ]
     if k1:
         handles.append(Line2D([], [], color="0.3", lw=0.8, ls="--", label=f"window end (k1={k1})"))
-    if own_figure:
-        ax.figure.legend(handles=handles, loc="outside right upper", frameon=False)
-    else:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return ax.figure
+    return _legend(ax, handles, own_figure)
 
 
 def plot_reach(profiles: Iterable[dict[int, float]], ax: Axes | None = None) -> Figure:
