@@ -148,9 +148,15 @@ class PackedSequences:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return -(-self._epoch_steps() // self.length)
+        return -(-self.steps // self.length)
 
-    def _epoch_steps(self) -> int:
+    @property
+    def steps(self) -> int:
+        """Steps of an epoch in every column (``len()`` batches of ``length`` steps, the last maybe shorter).
+
+        Raises:
+            TypeError: if ``sequences`` has no length.
+        """
         if not isinstance(self.sequences, Sized):
             raise TypeError(f"the batches of {type(self.sequences).__name__} have no length; pass a list.")
         if self._steps is None:
@@ -174,7 +180,7 @@ class PackedSequences:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         # With shuffle, every order is padded to the same number of steps, the most any order can need.
-        steps = self._epoch_steps() if self.shuffle else None
+        steps = self.steps if self.shuffle else None
         return _pack(
             self._order(), self.batch_size, self.length, self.ignore_index, self.pad_value, steps, self.drop_last
         )

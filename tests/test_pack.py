@@ -59,6 +59,7 @@ def test_drop_last_keeps_every_batch_full_and_cuts_only_ends(lengths, batch_size
     packed = pack_sequences(sequences, batch_size, length, shuffle=shuffle, seed=3, drop_last=True)
     batches = list(packed)
     assert len(batches) == len(packed)
+    assert sum(x.shape[0] for x, _, _ in batches) == packed.steps  # what the main job counts without building
     assert all((y != -100).all() for _, y, _ in batches)
     whole = {s[0].item(): s.tolist() for s in sequences if len(s) >= 2}
     found = [s for column in unpack(batches) for s in column]

@@ -266,7 +266,8 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
         valid = pack_sequences([vocab.encode(d) for d in valid_docs], valid_columns, args.seq_len)
     valid_text = "".join(d[1:] for d in valid_docs)  # the characters predicted: all but each document's first
     unigram = vocab.unigram_bpc(valid_text)
-    used = sum(y.numel() for _, y, *_ in train)
+    # Every column is full in every step of a drop_last epoch: no need to build the batches to count.
+    used = train.steps * train.batch_size if args.layout == "documents" else sum(y.numel() for _, y in train)
     (print if idist.get_rank() == 0 else lambda *_, **__: None)(
         f"{sum(map(len, train_docs)):,} training characters in {len(train_docs)} documents ({used:,} predicted per "
         f"epoch), {len(valid_text):,} validation characters, {len(vocab)} symbols; unigram model: {unigram:.2f} "
