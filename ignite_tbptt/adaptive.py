@@ -26,7 +26,7 @@ from typing import Any
 from ignite.engine import Engine
 
 from .checks import positive_int
-from .loop import TBPTTStep, tbptt_step_of
+from .process import TBPTTStep, tbptt_step_of
 from .schedule import RandomWindows, Schedule, Window, WindowSource
 
 __all__ = ["AdaptiveTruncation"]

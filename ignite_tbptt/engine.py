@@ -11,7 +11,7 @@ from ignite.engine import DeterministicEngine, Engine
 from .events import COUNTERS
 
 if TYPE_CHECKING:
-    from .loop import TBPTTStep
+    from .process import TBPTTStep
 
 __all__ = ["TBPTTEngine", "DeterministicTBPTTEngine"]
 

@@ -10,10 +10,10 @@ from ignite.engine import Engine, Events
 from ignite.metrics import Metric
 
 from . import hidden as hs
+from .batch import default_reset_hidden, split_batch, start_rows
+from .batch import prepare_batch as default_prepare_batch
 from .checks import positive_int
 from .forward import autocast_for, default_model_fn, device_type_of
-from .starts import default_reset_hidden, split_batch, start_rows
-from .starts import prepare_batch as default_prepare_batch
 
 __all__ = ["create_tbptt_evaluator"]
 

@@ -9,8 +9,8 @@ from typing import Any
 import torch
 
 from . import hidden as hs
+from .batch import default_reset_hidden
 from .compiled import retainable
-from .starts import default_reset_hidden
 from .versions import ParameterVersions
 
 __all__ = ["ModelCall", "default_model_fn", "autocast_for", "device_type_of"]
@@ -47,10 +47,8 @@ class ModelCall:
         model: the model.
         model_fn: ``model_fn(model, x, hidden) -> (y_pred, hidden)``.
         autocast: a factory of the autocast context the model and the loss run under.
-        versions: the weight versions of a trainer whose graphs outlive optimizer steps (k2 > k1), else
-            ``None``; their graphs are also kept free of compiled donated buffers (:mod:`ignite_tbptt.compiled`).
         reset_hidden: ``reset_hidden(hidden, starts) -> hidden``, applied to the input hidden state of a call
-            that starts new sequences in some columns (:mod:`ignite_tbptt.starts`).
+            that starts new sequences in some columns (:mod:`ignite_tbptt.batch`).
     """
 
     def __init__(
@@ -58,26 +56,35 @@ class ModelCall:
         model: torch.nn.Module,
         model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]],
         autocast: Callable[[], AbstractContextManager],
-        versions: ParameterVersions | None,
         reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
     ) -> None:
-        self.model, self.model_fn, self.autocast, self.versions = model, model_fn, autocast, versions
-        self.reset_hidden = reset_hidden
+        self.model, self.model_fn, self.autocast, self.reset_hidden = model, model_fn, autocast, reset_hidden
 
     def __call__(
-        self, x: torch.Tensor, hidden: Any, keep_weights: bool = False, starts: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        hidden: Any,
+        versions: ParameterVersions | None = None,
+        keep_weights: bool = False,
+        starts: torch.Tensor | None = None,
     ) -> tuple[Any, Any]:
-        """One model call; ``keep_weights`` runs it under the hooks that keep its weights across optimizer steps.
+        """One model call.
 
-        ``starts`` (shape ``(B,)``), if given, resets the starting columns of ``hidden`` before the call, inside
-        the call's graph, so that the gradient reaching ``hidden`` is cut there.
+        Args:
+            x: the segment's input.
+            hidden: its input hidden state, or ``None`` at a stream's start.
+            versions: the weight versions of a trainer whose graphs outlive optimizer steps (k2 > k1), else
+                ``None``; such graphs are kept free of compiled donated buffers (:mod:`ignite_tbptt.compiled`).
+            keep_weights: run under ``versions``' hooks, which keep the call's weights across optimizer steps.
+            starts: shape ``(B,)``; if given, the starting columns of ``hidden`` are reset before the call, inside
+                the call's graph, so that the gradient reaching ``hidden`` is cut there.
 
         Raises:
             TypeError: if ``model_fn`` does not return a pair.
             ValueError: if the hidden state changed structure or shape.
         """
-        hooks = self.versions.hooks() if keep_weights else nullcontext()
-        with self.autocast(), hooks, retainable() if self.versions is not None else nullcontext():
+        hooks = versions.hooks() if keep_weights else nullcontext()
+        with self.autocast(), hooks, retainable() if versions is not None else nullcontext():
             reset = hidden if starts is None or hidden is None else self.reset_hidden(hidden, starts)
             output = self.model_fn(self.model, x, reset)
         if not isinstance(output, (tuple, list)) or len(output) != 2:
@@ -86,7 +93,7 @@ class ModelCall:
                 f"(output, (h, c)); got {type(output).__name__}. Wrap the model or pass model_fn to adapt it."
             )
         y_pred, hidden_out = output
-        if hidden is not None and hs.signature(hidden_out) != hs.signature(hidden):
+        if hidden is not None and not hs.interchangeable(hidden_out, hidden):
             raise ValueError(
                 "the hidden state changed structure or shape between segments: "
                 f"{hs.signature(hidden)} -> {hs.signature(hidden_out)}. With carry_hidden=True all batches "

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-__all__ = ["flatten", "unflatten", "as_leaves", "detached", "signature", "cat"]
+__all__ = ["flatten", "unflatten", "as_leaves", "detached", "signature", "interchangeable", "cat"]
 
 
 def flatten(tree: Any) -> list[torch.Tensor]:
@@ -36,6 +36,13 @@ def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
         t = t.detach()
         return t.requires_grad_() if requires_grad and (t.is_floating_point() or t.is_complex()) else t
 
+    # The hidden states of nn.RNN, nn.GRU and nn.LSTM, without walking a tree: this runs once per model call.
+    if isinstance(tree, torch.Tensor):
+        new = leaf(tree)
+        return new, [new]
+    if type(tree) is tuple and all(isinstance(t, torch.Tensor) for t in tree):
+        new = tuple(leaf(t) for t in tree)
+        return new, list(new)
     new = pytree.tree_map_only(torch.Tensor, leaf, tree)
     return new, flatten(new)
 
@@ -48,6 +55,16 @@ def detached(tree: Any) -> Any:
 def signature(tree: Any) -> Any:
     """Nesting, shapes and dtypes of ``tree``; equal signatures mean interchangeable hidden states."""
     return pytree.tree_map_only(torch.Tensor, lambda t: (tuple(t.shape), t.dtype), tree)
+
+
+def interchangeable(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` have the same :func:`signature` (checked once per model call, so tensors first)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype
+    tensors = type(a) is tuple and type(b) is tuple and all(isinstance(t, torch.Tensor) for t in (*a, *b))
+    if tensors and len(a) == len(b):
+        return all(s.shape == t.shape and s.dtype == t.dtype for s, t in zip(a, b))
+    return signature(a) == signature(b)
 
 
 def cat(parts: list[Any], dim: int) -> Any:

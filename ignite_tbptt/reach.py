@@ -14,7 +14,7 @@ from __future__ import annotations
 from ignite.engine import Engine
 
 from .checks import positive_int
-from .loop import tbptt_step_of
+from .process import tbptt_step_of
 
 __all__ = ["GradientReach"]
 

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 
 from . import hidden as hs
+from .backward_sweep import RetainedHistory
 from .schedule import Window, WindowSource
-from .sweep import RetainedHistory
 
 __all__ = ["StreamState"]
 

@@ -10,15 +10,14 @@ import torch
 from ignite.engine import Engine
 
 from .adaptive import AdaptiveTruncation
+from .batch import default_reset_hidden
+from .batch import prepare_batch as default_prepare_batch
 from .checks import callable_or_none, positive_int
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .forward import ModelCall, autocast_for, default_model_fn, device_type_of
-from .loop import TBPTTStep
 from .optimizer_step import OptimizerStep
+from .process import TBPTTStep
 from .schedule import Schedule, WindowSource
-from .starts import default_reset_hidden
-from .starts import prepare_batch as default_prepare_batch
-from .versions import ParameterVersions
 
 __all__ = ["create_tbptt_trainer", "tbptt_training_step", "TBPTTStep", "default_model_fn"]
 
@@ -86,13 +85,11 @@ def tbptt_training_step(
         raise TypeError(f"autocast_dtype must be a torch.dtype such as torch.bfloat16, got {autocast_dtype!r}.")
     device_type = device_type_of(model, device)
     optimizer_step = OptimizerStep(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation)
-    # Only windows that reach into earlier ones keep graphs alive across an optimizer step.
-    versions = ParameterVersions(optimizer_step.parameters) if source.spans_windows else None
     return TBPTTStep(
         model,
         loss_fn,
         source,
-        model_call=ModelCall(model, model_fn, autocast_for(device_type, autocast_dtype), versions, reset_hidden),
+        model_call=ModelCall(model, model_fn, autocast_for(device_type, autocast_dtype), reset_hidden),
         optimizer_step=optimizer_step,
         time_dim=time_dim,
         carry_hidden=bool(carry_hidden),
@@ -246,7 +243,7 @@ def create_tbptt_trainer(
         reset_hidden: ``reset_hidden(hidden, starts) -> hidden`` with ``starts`` of shape ``(B,)``: the hidden
             state with the starting columns replaced by the initial state, in a way that passes no gradient
             to their old values (e.g. ``masked_fill``, or ``torch.where``). The default,
-            :func:`~ignite_tbptt.starts.default_reset_hidden`, zeroes dimension 1 of 3-D tensors (``nn.RNN``,
+            :func:`~ignite_tbptt.batch.default_reset_hidden`, zeroes dimension 1 of 3-D tensors (``nn.RNN``,
             ``nn.GRU``, ``nn.LSTM`` states) and dimension 0 of 2-D ones (cells' ``(B, H)`` states).
         deterministic: use ignite's ``DeterministicEngine``.
 

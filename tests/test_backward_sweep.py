@@ -5,8 +5,8 @@ import torch
 
 from ignite_tbptt import hidden as hs
 from ignite_tbptt import rng
+from ignite_tbptt.backward_sweep import Replay, RetainedHistory, Segment
 from ignite_tbptt.forward import ModelCall
-from ignite_tbptt.sweep import Replay, RetainedHistory, Segment
 from ignite_tbptt.versions import ParameterVersions
 
 
@@ -33,7 +33,7 @@ def setup(dropout=0.0, versions=False):
     params = lambda: [model.w]  # noqa: E731
     v = ParameterVersions(params) if versions else None
     call = ModelCall(
-        model, lambda m, x, h: m(x) if h is None else m(x, h), lambda: torch.autocast("cpu", enabled=False), v
+        model, lambda m, x, h: m(x) if h is None else m(x, h), lambda: torch.autocast("cpu", enabled=False)
     )
     return model, call, v
 
@@ -43,9 +43,9 @@ def run(history, call, x, bounds, owed_from, recompute=False, keep=False):
     hidden = None
     for a, b in bounds:
         hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, True)
-        replay = Replay(x[a:b], hidden_in, rng.capture(x.device), call.versions.current if keep else None, True)
+        replay = Replay(x[a:b], hidden_in, rng.capture(x.device), history.versions.current if keep else None, True)
         with torch.no_grad() if recompute else torch.enable_grad():
-            y_pred, hidden = call(x[a:b], hidden_in, keep)
+            y_pred, hidden = call(x[a:b], hidden_in, history.versions, keep)
         segment = Segment(a, b, [], None, replay=replay) if recompute else Segment(a, b, inputs, [hidden])
         segment.replay = replay
         if b > owed_from:  # earlier segments paid their loss in an earlier window

@@ -205,7 +205,7 @@ class RetainedHistory:
         """
         hidden_in, inputs = (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_grad)
         with rng.replayed(replay.rng, replay.x.device):
-            y_pred, hidden_out = self.model_call(replay.x, hidden_in, keep_weights, replay.starts)
+            y_pred, hidden_out = self.model_call(replay.x, hidden_in, self.versions, keep_weights, replay.starts)
         return inputs, y_pred, hidden_out
 
     @contextmanager

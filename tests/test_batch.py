@@ -9,7 +9,7 @@ from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import create_tbptt_evaluator, create_tbptt_trainer
-from ignite_tbptt.starts import default_reset_hidden
+from ignite_tbptt.batch import default_reset_hidden
 
 from .helpers import RecordingNet, assert_same_parameters, compare_with_reference, make_batches, sgd
 from .reference import Net, cross_entropy

@@ -4,29 +4,23 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
 from ignite.contrib.engines.tbptt import Tbptt_Events
 from ignite.engine import Engine, Events
 
-from . import distributed, rng
+from . import distributed
 from . import hidden as hs
-from .events import COUNTERS, TBPTTEvents, register_tbptt_events
+from .backward_sweep import RetainedHistory, reach_profile
+from .batch import check_pair, check_resettable, default_reset_hidden, split_batch, start_rows
+from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
+from .executor import SegmentExecutor
 from .forward import ModelCall
 from .optimizer_step import OptimizerStep
-from .plan import SegmentPlan, plan_segment
+from .plan import plan_segment
 from .schedule import WindowSource
-from .starts import (
-    check_pair,
-    check_resettable,
-    default_reset_hidden,
-    split_batch,
-    start_rows,
-)
 from .stream import StreamState
-from .sweep import Replay, RetainedHistory, Segment, reach_profile
 from .versions import ParameterVersions
 
 __all__ = ["TBPTTStep", "tbptt_step_of"]
@@ -37,13 +31,21 @@ _SOURCE_CHANGE = "the window source can only change before a run or between epoc
 class TBPTTStep:
     """Process function of a TBPTT(k1, k2) trainer; build it with :func:`~ignite_tbptt.tbptt_training_step`.
 
-    Each iteration runs the batch's segments as :func:`~ignite_tbptt.plan.plan_segment` plans them, the
-    backward sweep of every window that closes, and the optimizer step of every accumulation that completes.
-    The stream (position, hidden state, open window, retained history) lives in a
-    :class:`~ignite_tbptt.stream.StreamState`, the accumulated windows in an
-    :class:`~ignite_tbptt.optimizer_step.OptimizerStep`; :meth:`state_dict` saves both. It attaches itself to
-    the engine that runs it, on the first iteration at the latest, so ``Engine(tbptt_training_step(...))``
-    works as ignite's ``Engine(supervised_training_step(...))`` does.
+    Each iteration plans the batch's segments (:func:`~ignite_tbptt.plan.plan_segment`), has a
+    :class:`~ignite_tbptt.executor.SegmentExecutor` run them and the backward sweep of every window that closes,
+    and takes the optimizer step of every accumulation that completes, firing ignite's events around them. Each
+    piece of state has one owner: the stream (position, hidden state, open window, retained history and the
+    weight versions it needs, the window source) is a :class:`~ignite_tbptt.stream.StreamState`, the accumulated
+    windows, the optimizer and the scaler an :class:`~ignite_tbptt.optimizer_step.OptimizerStep`;
+    :meth:`state_dict` saves both. It attaches itself to the engine that runs it, on the first iteration at the
+    latest, so ``Engine(tbptt_training_step(...))`` works as ignite's ``Engine(supervised_training_step(...))``.
+
+    Host reads: none per window unless asked for. The iteration's output (``loss.item()`` by default) is one read
+    per iteration, as in ignite. ``engine.state.output`` is set to the window's mean loss as a float, one read,
+    only while a handler listens to ``TBPTTEvents.WINDOW_COMPLETED`` or ``Tbptt_Events.TIME_ITERATION_COMPLETED``.
+    Without a scaler, the finiteness check of an optimizer step reads nothing with an optimizer that skips on the
+    device (fused ``SGD``, ``Adam``, ``AdamW``), whose decisions are read once at the iteration's end, and one
+    value per step with any other. A batch with ``starts`` costs one read to find them.
     """
 
     def __init__(
@@ -63,31 +65,51 @@ class TBPTTStep:
         target_count_fn: Callable[[Any, Any], int] | None,
         recompute: int | None = None,
     ) -> None:
-        self.model, self.loss_fn, self.source = model, loss_fn, source
-        self.optim, self.optimizer, self.scaler = optimizer_step, optimizer_step.optimizer, optimizer_step.scaler
+        self.model, self.optim = model, optimizer_step
         self.time_dim, self.carry_hidden, self.recompute = time_dim, carry_hidden, recompute
         self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
-        self.output_transform, self.target_count_fn = output_transform, target_count_fn
-        self.forward, self.versions = model_call, model_call.versions
-        history = RetainedHistory(self.forward, self.parameters, self.versions, recompute is not None)
+        self.output_transform = output_transform
+        # Only windows that reach into earlier ones keep graphs alive across an optimizer step.
+        versions = ParameterVersions(optimizer_step.parameters) if source.spans_windows else None
+        history = RetainedHistory(model_call, optimizer_step.parameters, versions, recompute is not None)
         self.stream = StreamState(source, history)
+        self.executor = SegmentExecutor(model_call, loss_fn, self.stream, optimizer_step.scaler, target_count_fn)
         self._engine: Engine | None = None
         self._loaded: dict | None = None
-        self._unchecked_columns: int | None = None  # a stream's first hidden state awaiting the reset check
         self._failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.reach_every: tuple[int, ...] = ()  # record the gradient reach of every n-th window, for each n
         self.reach_stride: int | None = None  # and split a recorded window's segments this often
         self._recording = False
 
     @property
+    def source(self) -> WindowSource:
+        """The window source of the stream."""
+        return self.stream.source
+
+    @property
     def schedule(self) -> WindowSource:
         """The window source (a :class:`~ignite_tbptt.Schedule` for fixed k1, k2)."""
-        return self.source
+        return self.stream.source
 
     @property
     def history(self) -> RetainedHistory:
         """The stream's retained segments."""
         return self.stream.history
+
+    @property
+    def versions(self) -> ParameterVersions | None:
+        """The weight versions retained graphs need across optimizer steps (``None`` while no window reaches back)."""
+        return self.stream.history.versions
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer."""
+        return self.optim.optimizer
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The ``GradScaler``, or ``None``."""
+        return self.optim.scaler
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters the optimizer updates, in its order."""
@@ -129,10 +151,9 @@ class TBPTTStep:
         """
         if self.stream.position > 0:
             raise RuntimeError(_SOURCE_CHANGE.format(self.stream.position))
-        if source.spans_windows and self.versions is None:
-            self.versions = ParameterVersions(self.optim.parameters)
-            self.forward.versions = self.history.versions = self.versions
-        self.source = self.stream.source = source
+        if source.spans_windows and self.history.versions is None:
+            self.history.versions = ParameterVersions(self.optim.parameters)
+        self.stream.source = source
         if self._engine is not None:
             source.connect(self._engine, self)
 
@@ -149,7 +170,9 @@ class TBPTTStep:
 
     def _started(self, engine: Engine) -> None:
         self._failed = None
-        if distributed.is_distributed():
+        self.optim.failure()  # forget decisions of an interrupted run
+        self.optim.distributed = distributed.is_distributed()
+        if self.optim.distributed:
             distributed.broadcast_parameters(self.parameters())
         if engine.state.iteration == 0:
             _zero_counters(engine)
@@ -197,7 +220,7 @@ class TBPTTStep:
         x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
         length, rows = self._check_batch(x, y, starts)
         self.model.train()
-        stream = self.stream
+        stream, run = self.stream, self.executor.run
         if not self.carry_hidden:
             stream.reset()
         offset = stream.position
@@ -206,6 +229,7 @@ class TBPTTStep:
         last_iteration = epoch_length is not None and engine.state.iteration % epoch_length == 0
         stream_end = batch_end if not self.carry_hidden or last_iteration else None
         sequence_starts = [offset + t for t in rows]
+        keep_predictions = self.output_transform is not None
 
         loss_sum: Any = 0.0
         targets = 0
@@ -217,19 +241,21 @@ class TBPTTStep:
             next_start = sequence_starts[following] if following < len(sequence_starts) else None
             stride = self.reach_stride if self._recording else None
             plan = plan_segment(
-                self.source, stream.window, stream.position, batch_end, stream_end, self.recompute, next_start, stride
+                stream.source, stream.window, stream.position, batch_end, stream_end, self.recompute, next_start, stride
             )
             x_seg = x.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
             y_seg = y.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
             resets = rows.get(plan.start - offset)
-            loss, n, y_pred = self._run_segment(plan, x_seg, y_seg, resets)
+            loss, n, y_pred = run(plan, x_seg, y_seg, resets, self._recording, keep_predictions)
             loss_sum, targets = loss_sum + loss, targets + n
+            self.optim.targets += n
             engine.state.targets_seen += n
             y_preds.append(y_pred)
             if plan.closes_window:
                 self._complete_window(engine, plan.end, stream_continues=plan.end != stream_end)
         if last_iteration and self._failed is None:
             self.end_epoch(engine)
+        self._collect_failure()
         if self._failed is not None:  # a NaN output, so that ignite's TerminateOnNan ends the run here
             return float("nan")
 
@@ -238,76 +264,23 @@ class TBPTTStep:
             return loss.item()
         return self.output_transform(x, y, hs.cat(y_preds, self.time_dim), loss)
 
-    def _run_segment(
-        self, plan: SegmentPlan, x: torch.Tensor, y: torch.Tensor, resets: torch.Tensor | None
-    ) -> tuple[Any, int, Any]:
-        """Run the segment as ``plan`` says: forward, pay or owe its loss gradient, retain what is needed.
-
-        ``resets`` (shape ``(B,)``) marks the columns that start a new sequence at the segment's first step.
-
-        Returns:
-            The segment's summed per-target loss (detached), its target count, and its detached predictions
-            when ``output_transform`` needs them.
-        """
-        stream = self.stream
-        hidden = stream.hidden
-        # A recorded window also needs the gradient at its cut, which its sweep otherwise does not compute.
-        requires_grad = plan.hidden_requires_grad or (self._recording and plan.retained)
-        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, requires_grad)
-        replay = None
-        if plan.loss_owed:
-            version = self.versions.current if self.versions is not None else None
-            replay = Replay(x, hidden_in, rng.capture(x.device), version, requires_grad, resets)
-        with torch.no_grad() if plan.recompute else nullcontext():
-            y_pred, hidden_out = self.forward(x, hidden_in, plan.keep_weights, resets)
-        if self._unchecked_columns is not None:  # before the first reset uses it, and before any backward
-            check_resettable(hidden_out, self._unchecked_columns)
-            self._unchecked_columns = None
-        n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
-        y_owed = None
-        if plan.loss_owed:
-            # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
-            # only the gradient of the predictions waits for the window's backward sweep.
-            y_owed = [t.detach().requires_grad_(t.requires_grad or plan.recompute) for t in hs.flatten(y_pred)]
-        loss: Any = 0.0
-        if n:
-            with self.forward.autocast():
-                weighted = self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y) * n
-            (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
-            loss = weighted.detach()
-        if plan.retained:
-            # Paid at once, a segment only hands the sweep the gradient its input leaves received.
-            segment = Segment(plan.start, plan.end, inputs, [])
-            if plan.loss_owed:
-                segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if n else None
-                if plan.recompute:  # the sweep builds its graph again
-                    segment.inputs, segment.outputs = [], None
-                else:
-                    segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if n else None
-            stream.history.append(segment)
-        stream.hidden, stream.position = hidden_out, plan.end
-        stream.window_loss = stream.window_loss + loss
-        stream.window_targets += n
-        self.optim.targets += n
-        return loss, n, hs.detached(y_pred) if self.output_transform is not None else None
-
     # -- window and step boundaries ----------------------------------------------------------------------------
     def _start_window(self, engine: Engine) -> None:
-        self.model.train()  # a handler may have evaluated the model since the last window, as in ignite
+        if not self.model.training:  # a handler evaluated the model since the last window
+            self.model.train()
         self.optim.window_started()
         self.stream.open_window()
         engine.state.window += 1
         self._recording = self._records(engine.state.window)
-        engine.fire_event(TBPTTEvents.WINDOW_STARTED)
-        engine.fire_event(Tbptt_Events.TIME_ITERATION_STARTED)
+        fire(engine, TBPTTEvents.WINDOW_STARTED)
+        fire(engine, Tbptt_Events.TIME_ITERATION_STARTED)
 
     def _complete_window(self, engine: Engine, end: int, stream_continues: bool) -> None:
-        stream = self.stream
+        stream, source = self.stream, self.stream.source
         start = stream.window.start
-        cut = self.source.cut(start, end)
-        next_cut = self.source.window(end).cut if stream_continues else None
-        reach: list | None = [] if self._recording else None
-        stream.history.backward(start, cut, next_cut, reach)
+        cut = source.cut(start, end)
+        next_cut = source.window(end).cut if stream_continues else None
+        reach = self.executor.close_window(start, cut, next_cut, self._recording)
         engine.state.gradient_reach = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0
@@ -319,11 +292,13 @@ class TBPTTStep:
         engine.state.window_loss = stream.window_loss / targets if targets else torch.tensor(float("nan"))
         engine.state.window_targets = targets
         engine.state.window_bounds = (start, end, cut)
-        # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float.
-        engine.state.output = float(engine.state.window_loss)
-        self.source.observe(engine)  # a source that learns from the window does so before any handler reads it
-        engine.fire_event(TBPTTEvents.WINDOW_COMPLETED)
-        engine.fire_event(Tbptt_Events.TIME_ITERATION_COMPLETED)
+        if listened(engine, TBPTTEvents.WINDOW_COMPLETED, Tbptt_Events.TIME_ITERATION_COMPLETED):
+            # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float
+            # (a read from the device, so only for handlers).
+            engine.state.output = float(engine.state.window_loss)
+        source.observe(engine)  # a source that learns from the window does so before any handler reads it
+        fire(engine, TBPTTEvents.WINDOW_COMPLETED)
+        fire(engine, Tbptt_Events.TIME_ITERATION_COMPLETED)
 
     def _optimizer_step(self, engine: Engine) -> None:
         if self.stream.history.segments:
@@ -335,6 +310,13 @@ class TBPTTStep:
             # when anything would run next, unless a handler (TerminateOnNan) ends the run first.
             self.stream.history.clear()
             self._failed = error
+
+    def _collect_failure(self) -> None:
+        # Steps an optimizer refused on the device are read once, where the iteration's output is read anyway.
+        failure = self.optim.failure()
+        if failure is not None and self._failed is None:
+            self.stream.history.clear()
+            self._failed = failure
 
     def _raise_if_failed(self) -> None:
         if self._failed is not None:
@@ -351,6 +333,7 @@ class TBPTTStep:
             self._complete_window(engine, self.stream.position, stream_continues=False)
         if self.optim.windows:
             self._optimizer_step(engine)
+        self._collect_failure()
         self.stream.reset()
 
     # -- checks ------------------------------------------------------------------------------------------------
@@ -370,12 +353,12 @@ class TBPTTStep:
     def _check_starts(self, x: torch.Tensor, starts: Any) -> dict[int, torch.Tensor]:
         # The one read from the device that starts cost; a batch without them runs as before.
         rows = start_rows(starts, x, self.time_dim)
-        if rows and self.forward.reset_hidden is default_reset_hidden:
+        if rows and self.executor.model_call.reset_hidden is default_reset_hidden:
             columns = next(iter(rows.values())).shape[0]
             if self.carry_hidden and self.stream.hidden is not None:
                 check_resettable(self.stream.hidden, columns)
             else:  # known after the stream's first model call
-                self._unchecked_columns = columns
+                self.executor.check_columns = columns
         return rows
 
 

@@ -1,0 +1,147 @@
+"""The trainer's own cost per window: ``python -m benchmarks.overhead [--repeats N] [--markdown FILE]``.
+
+A GRU of 8 units (batch 4, vocabulary 16) on one CPU thread, so that the model's compute is tiny and what is
+left is the framework's. Every method trains the same model on the same 4,000 steps (batches of 200 steps,
+each its own stream) with fused SGD (``fused=True``, which can skip a step on the device). The table gives the
+microseconds per window that each adds over the hand loop on the same windows, and the host reads per window:
+calls of ``Tensor.item``, ``tolist``, ``__bool__``, ``__float__`` and ``__int__``, each a synchronisation on CUDA.
+
+- k1 = k2 = 5: the hand-written fused loop (``benchmarks.methods.hand``) against ignite's
+  ``create_supervised_tbptt_trainer`` and ``create_tbptt_trainer``.
+- k1 = 1, k2 = 8 (per-token backward): the exact hand loop (``benchmarks.methods.segmented``, one call per
+  step here) against ``create_tbptt_trainer``; ignite's trainer cannot do k2 > k1.
+
+``ours, unfused SGD`` is ``create_tbptt_trainer`` with the plain SGD, whose finiteness check reads once per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from benchmarks import methods
+
+READS = ("item", "tolist", "__bool__", "__float__", "__int__")
+CASES = [(5, 5), (1, 8)]
+
+
+@contextmanager
+def counting_reads():
+    """Count the calls of the ``Tensor`` methods that read a value back to the host."""
+    counts = {"reads": 0}
+    originals = {name: getattr(torch.Tensor, name) for name in READS}
+
+    def counted(original):
+        def read(self, *args, **kwargs):
+            counts["reads"] += 1
+            return original(self, *args, **kwargs)
+
+        return read
+
+    for name, original in originals.items():
+        setattr(torch.Tensor, name, counted(original))
+    try:
+        yield counts
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def make_batches(steps=4000, length=200, batch=4, vocab=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (steps + 1, batch), generator=g)
+    return [(tokens[i : i + length], tokens[i + 1 : i + 1 + length]) for i in range(0, steps, length)]
+
+
+def train(method, batches, k1, k2, fused=True):
+    torch.manual_seed(0)
+    model = methods.CharModel("gru", vocab=16, embedding=8, hidden=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=fused)
+    start = time.perf_counter()
+    method(model, optimizer, batches, k1, k2, torch.device("cpu"))
+    return time.perf_counter() - start
+
+
+def contenders(k1, k2):
+    ours = {"ours": methods.ours, "ours, unfused SGD": functools.partial(unfused, methods.ours)}
+    if k1 == k2:
+        return {"hand": methods.hand, "ignite": methods.ignite, **ours}
+    return {"hand, exact segments": methods.segmented, **ours}
+
+
+def unfused(method, model, optimizer, *args):
+    return method(model, torch.optim.SGD(model.parameters(), lr=0.1), *args)
+
+
+def measure(repeats: int, steps: int) -> list[dict]:
+    batches = make_batches(steps)
+    rows = []
+    for k1, k2 in CASES:
+        named = contenders(k1, k2)
+        windows = sum(-(-x.shape[0] // k1) for x, _ in batches)
+        for method in named.values():  # warm-up
+            train(method, batches[:1], k1, k2)
+        times = {name: [] for name in named}
+        for repeat in range(repeats):
+            order = list(named)[repeat % len(named) :] + list(named)[: repeat % len(named)]
+            for name in order:
+                times[name].append(train(named[name], batches, k1, k2))
+        reads = {}
+        for name, method in named.items():
+            with counting_reads() as counts:
+                train(method, batches, k1, k2)
+            reads[name] = counts["reads"] / windows
+        reference = statistics.median(times[next(iter(named))])
+        for name, values in times.items():
+            median = statistics.median(values)
+            rows.append(
+                {
+                    "k1": k1,
+                    "k2": k2,
+                    "method": name,
+                    "us_per_window": median / windows * 1e6,
+                    "over_reference_us": (median - reference) / windows * 1e6,
+                    "reads_per_window": reads[name],
+                }
+            )
+        print(f"timed k1={k1} k2={k2}", file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| k1 | k2 | method | µs per window | µs per window over the hand loop | host reads per window |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['k1']} | {r['k2']} | {r['method']} | {r['us_per_window']:.0f} | {r['over_reference_us']:+.0f} "
+            f"| {r['reads_per_window']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--markdown", type=Path, help="also write the table to this file")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = measure(args.repeats, args.steps)
+    text = table(rows)
+    print(text)
+    if args.markdown:
+        args.markdown.write_text(text + "\n")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Host reads: none per window unless a handler asks for a value; non-finite steps refused on the device."""
+
+import copy
+import math
+import warnings
+
+import pytest
+import torch
+from ignite.engine import Events
+from ignite.handlers import TerminateOnNan
+
+from benchmarks.overhead import counting_reads
+from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
+
+from .helpers import make_batches
+from .reference import Net, cross_entropy
+
+
+def trainer_for(model, fused, k1=5, k2=5, **kwargs):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5, fused=fused)
+    return create_tbptt_trainer(model, optimizer, cross_entropy, k1, k2, **kwargs)
+
+
+def reads_in_run(batches, fused, handler=None, **kwargs):
+    torch.manual_seed(0)
+    trainer = trainer_for(Net().double(), fused, **kwargs)
+    trainer.run(batches[:1])  # the first run's one-off work is not counted
+    if handler is not None:
+        trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, handler)
+    with counting_reads() as counts:
+        state = trainer.run(batches)
+    return counts["reads"], state
+
+
+@pytest.mark.parametrize("k1,k2", [(5, 5), (5, 10), (1, 4)])
+def test_a_fused_optimizer_makes_no_host_read_per_window(k1, k2):
+    # Same 200 steps, in 5 batches of 40 or 20 of 10: only the iterations' reads differ.
+    for length in (40, 10):
+        batches = make_batches([length] * (200 // length))
+        reads, state = reads_in_run(batches, fused=True, k1=k1, k2=k2)
+        assert state.window == 200 // k1
+        # One read for the iteration's output (loss.item(), as ignite) and one for the steps' finiteness.
+        assert reads == 2 * len(batches)
+
+
+def test_another_optimizer_reads_once_per_optimizer_step():
+    batches = make_batches([40] * 5)
+    reads, state = reads_in_run(batches, fused=False, gradient_accumulation_steps=2)
+    assert state.optimizer_step == 5 * 4  # 8 windows a batch, one step every 2
+    assert reads == len(batches) + state.optimizer_step
+
+
+def test_the_window_output_is_read_only_for_handlers_of_window_events():
+    batches = make_batches([40] * 5)
+    outputs = []
+
+    def handler(engine):
+        outputs.append((engine.state.output, engine.state.window_loss))
+
+    reads, state = reads_in_run(batches, fused=True, handler=handler)
+    assert reads == 2 * len(batches) + state.window  # one more for each window with a listener
+    assert len(outputs) == state.window
+    for output, window_loss in outputs:
+        assert isinstance(output, float) and output == pytest.approx(window_loss.item(), rel=1e-12)
+
+
+def run_with_nan(fused, terminate=False):
+    torch.manual_seed(0)
+    model = Net().double()
+    batches = make_batches([6, 6, 6])
+    batches[1][0][4, 1, 2] = float("nan")  # window 4 (steps 9-11) of the carried stream
+    trainer = trainer_for(model, fused, 3, 5, carry_hidden=True)
+    snapshots, outputs = {}, []
+    trainer.add_event_handler(
+        TBPTTEvents.OPTIMIZER_STEP_COMPLETED, lambda e: snapshots.update({e.state.optimizer_step: copy.deepcopy(model)})
+    )
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.append(e.state.output))
+    if terminate:
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, TerminateOnNan())
+    return model, trainer, batches, snapshots, outputs
+
+
+def test_a_fused_optimizer_refuses_a_non_finite_step_on_the_device_and_the_error_follows():
+    model, trainer, batches, snapshots, outputs = run_with_nan(fused=True)
+    with pytest.raises(FloatingPointError, match="non-finite gradients at optimizer step 4 .*every later step"):
+        trainer.run(batches)
+    # Step 4 and the later steps of its iteration were refused: the parameters are those after step 3.
+    for p, q in zip(model.parameters(), snapshots[3].parameters()):
+        assert torch.equal(p, q) and torch.isfinite(p).all()
+    assert math.isnan(outputs[-1]) and len(outputs) == 2  # the iteration ended with a NaN output
+    assert not trainer.tbptt.history.segments
+
+
+def test_terminate_on_nan_ends_a_fused_run_where_it_ends_an_unfused_one():
+    ends = {}
+    for fused in (False, True):
+        model, trainer, batches, snapshots, _ = run_with_nan(fused, terminate=True)
+        state = trainer.run(batches)
+        ends[fused] = state.iteration, [p.detach().clone() for p in model.parameters()]
+        assert math.isnan(state.output)
+    assert ends[True][0] == ends[False][0] == 2
+    for p, q in zip(ends[True][1], ends[False][1]):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_no_synchronisation_per_window():
+    def synchronisations(length):
+        torch.manual_seed(0)
+        model = Net().double().cuda()
+        batches = [(x.cuda(), y.cuda()) for x, y in make_batches([length] * (200 // length))]
+        trainer = trainer_for(model, True, device="cuda")
+        trainer.run(batches[:1])
+        torch.cuda.synchronize()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                trainer.run(batches)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        return sum("synchroniz" in str(w.message) for w in caught), len(batches)
+
+    for length in (40, 10):
+        syncs, iterations = synchronisations(length)
+        assert syncs <= 2 * iterations  # the iteration's output and the steps' finiteness, not per window
