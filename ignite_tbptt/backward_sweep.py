@@ -94,8 +94,7 @@ class Segment:
             grads += hidden_grad
         pairs = [(t, g) for t, g in zip(tensors, grads) if g is not None and t.requires_grad]
         if pairs:
-            with retainable() if retain else nullcontext():
-                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs], retain_graph=retain)
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs], retain_graph=retain)
         reached = [leaf.grad for leaf in self.inputs]
         for leaf in self.inputs:
             leaf.grad = None
@@ -174,18 +173,21 @@ class RetainedHistory:
             reach: if a list, each traversed segment from the cut on appends ``(step, gradients)``: the gradient
                 of the window's (scaled, summed) loss reaching its input hidden state, one entry per tensor.
         """
-        hidden_grad = None
-        for segment in reversed(self.segments):
-            if segment.start < cut:
-                if segment.start < start:
-                    break
-                self._traverse(segment, None, retain=False)
-                continue
-            retain = next_cut is not None and segment.start >= next_cut
-            reached = self._traverse(segment, hidden_grad, retain)
-            if reach is not None and reached:
-                reach.append((segment.start, reached))
-            hidden_grad = reached if segment.start > cut else None
+        # Graphs the next window traverses again are backpropagated with retain_graph: one switch for the sweep.
+        retaining = next_cut is not None and bool(self.segments) and self.segments[-1].start >= next_cut
+        with retainable() if retaining else nullcontext():
+            hidden_grad = None
+            for segment in reversed(self.segments):
+                if segment.start < cut:
+                    if segment.start < start:
+                        break
+                    self._traverse(segment, None, retain=False)
+                    continue
+                retain = next_cut is not None and segment.start >= next_cut
+                reached = self._traverse(segment, hidden_grad, retain)
+                if reach is not None and reached:
+                    reach.append((segment.start, reached))
+                hidden_grad = reached if segment.start > cut else None
         if next_cut is None:
             self.segments.clear()
         else:

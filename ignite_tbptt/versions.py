@@ -34,7 +34,7 @@ from contextlib import AbstractContextManager
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
-from .compiled import compiling_possible, not_traced
+from .compiled import never_traced
 
 __all__ = ["WeightVersion", "ParameterVersions"]
 
@@ -114,16 +114,12 @@ class ParameterVersions:
         self._parameters = parameters
         self._storages: set[int] = set()
         self.current = WeightVersion()
-        self._untraced: tuple[Callable, Callable] | None = None
 
     def hooks(self) -> AbstractContextManager:
         """Context manager under which the forward pass of retained steps runs."""
         self._storages = {_key(p) for p in self._parameters() if p.numel()}
-        if not compiling_possible():
-            return saved_tensors_hooks(self._pack, _unpack)
-        if self._untraced is None:
-            self._untraced = not_traced(self._pack), not_traced(_unpack)
-        return saved_tensors_hooks(*self._untraced)
+        never_traced(ParameterVersions._pack, _unpack, _SavedParameter.__init__, _SavedParameter.unpack, _key, _view)
+        return saved_tensors_hooks(self._pack, _unpack)
 
     def freeze(self) -> None:
         """Copy the parameters for the graphs computed since the last call; call it right before the step."""
