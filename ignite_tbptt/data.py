@@ -65,6 +65,12 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
     is -100) and ``target_count_fn=lambda y_pred, y: (y != ignore_index).sum()`` give the exact mean over
     real targets.
 
+    With ``align=A`` every sequence also starts at a multiple of ``A`` steps: its column is padded after it
+    (``x`` with ``pad_value``, ``y`` with ``ignore_index``) up to the next multiple. With ``A = k1`` of fixed
+    windows, every start falls on a window boundary, where the trainer ends a model call anyway, so starts no
+    longer split the fused calls of the other columns: padding instead of shorter calls. A sequence of ``n``
+    steps then takes ``ceil(n / A) * A``; the trade is measured in ``docs/benchmarks-sequences.md``.
+
     With ``drop_last=True`` the epoch ends instead at the first step where a column has no sequence left, so
     every batch is full; the steps the sequences still running would have had are not used (as a
     ``DataLoader`` drops its last incomplete batch). An optimizer step on the ragged end, where only a few
@@ -88,15 +94,18 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
             (:meth:`PackedSequences.set_epoch`, as ``DistributedSampler``); default False.
         seed: seed of the order when ``shuffle`` is True; default 0.
         drop_last: end the epoch where the first column runs out of sequences instead of padding; default False.
+        align: start every sequence at a multiple of this many steps (``k1``, say), padding after the previous
+            one; default 1 (no padding between sequences).
 
     Returns:
         A :class:`PackedSequences`: iterating it yields ``(x, y, starts)`` with ``x`` and ``y`` of shape
         ``(T, B)`` (``y`` of ``x``'s dtype) and ``starts`` bool of shape ``(T, B)``.
 
     Raises:
-        TypeError: if ``batch_size`` or ``length`` is not an int, or ``shuffle`` is True for sequences that
-            have no length or cannot be indexed. While iterating, if a sequence is not a tensor.
-        ValueError: if ``batch_size`` or ``length`` is not positive. While iterating, if a sequence is not 1-D.
+        TypeError: if ``batch_size``, ``length`` or ``align`` is not an int, or ``shuffle`` is True for sequences
+            that have no length or cannot be indexed. While iterating, if a sequence is not a tensor.
+        ValueError: if ``batch_size``, ``length`` or ``align`` is not positive. While iterating, if a sequence is
+            not 1-D.
 
     Examples:
         >>> batches = pack_sequences([torch.arange(5), torch.arange(10, 13), torch.arange(20, 24)], 2, length=3)
@@ -104,6 +113,9 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
         ...     print(x.t().tolist(), y.t().tolist(), starts.t().int().tolist())
         [[0, 1, 2], [10, 11, 20]] [[1, 2, 3], [11, 12, 21]] [[1, 0, 0], [1, 0, 1]]
         [[3, 0], [21, 22]] [[4, -100], [22, 23]] [[0, 0], [0, 0]]
+        >>> aligned = pack_sequences([torch.arange(5), torch.arange(10, 13), torch.arange(20, 24)], 1, 8, align=4)
+        >>> [(x.t().tolist(), starts.t().int().tolist()) for x, y, starts in aligned]  # starts at steps 0, 4, 8
+        [([[0, 1, 2, 3, 10, 11, 0, 0]], [[1, 0, 0, 0, 1, 0, 0, 0]]), ([[20, 21, 22, 0]], [[1, 0, 0, 0]])]
     """
     return PackedSequences(sequences, batch_size, length, **options)
 
@@ -129,10 +141,12 @@ class PackedSequences:
         shuffle: bool = False,
         seed: int = 0,
         drop_last: bool = False,
+        align: int = 1,
     ) -> None:
         self.sequences = sequences
         self.batch_size = positive_int("batch_size", batch_size, "columns")
         self.length = positive_int("length", length, "steps per batch")
+        self.align = positive_int("align", align, "steps, e.g. k1")
         self.ignore_index, self.pad_value, self.shuffle, self.seed = ignore_index, pad_value, shuffle, seed
         self.drop_last = drop_last
         if shuffle and not (isinstance(sequences, Sized) and hasattr(sequences, "__getitem__")):
@@ -161,7 +175,7 @@ class PackedSequences:
             raise TypeError(f"the batches of {type(self.sequences).__name__} have no length; pass a list.")
         if self._steps is None:
             self._steps = [max(0, _checked(s, i).numel() - 1) for i, s in enumerate(self.sequences)]
-        steps = [n for n in self._steps if n]
+        steps = [_aligned(n, self.align) for n in self._steps if n]
         if not steps:
             return 0
         columns, total, longest = self.batch_size, sum(steps), max(steps)
@@ -182,8 +196,20 @@ class PackedSequences:
         # With shuffle, every order is padded to the same number of steps, the most any order can need.
         steps = self.steps if self.shuffle else None
         return _pack(
-            self._order(), self.batch_size, self.length, self.ignore_index, self.pad_value, steps, self.drop_last
+            self._order(),
+            self.batch_size,
+            self.length,
+            self.ignore_index,
+            self.pad_value,
+            steps,
+            self.drop_last,
+            self.align,
         )
+
+
+def _aligned(steps: int, align: int) -> int:
+    """The steps a sequence of ``steps`` takes in its column when sequences start at multiples of ``align``."""
+    return -(-steps // align) * align
 
 
 def _checked(sequence: object, index: int) -> torch.Tensor:
@@ -237,6 +263,7 @@ def _pack(
     pad_value: int,
     steps: int | None,
     drop_last: bool,
+    align: int = 1,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """The packed batches.
 
@@ -254,7 +281,7 @@ def _pack(
             if item is None:
                 exhausted = True
                 break
-            step, b = packing.place(item[1].numel() - 1)
+            step, b = packing.place(_aligned(item[1].numel() - 1, align))
             placed[b].append((step, item[1]))
             dtype = item[1].dtype
         if exhausted and steps is None:

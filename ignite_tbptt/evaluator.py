@@ -13,7 +13,7 @@ from . import hidden as hs
 from .batch import default_reset_hidden, split_batch, start_rows
 from .batch import prepare_batch as default_prepare_batch
 from .checks import positive_int
-from .forward import autocast_for, default_model_fn, device_type_of
+from .forward import ModelCall, autocast_for, default_model_fn, device_type_of
 
 __all__ = ["create_tbptt_evaluator"]
 
@@ -62,9 +62,10 @@ def create_tbptt_evaluator(
         An ignite ``Engine``.
 
     Raises:
-        TypeError: if ``segment_length`` is not an int. During a run, if ``starts`` is not a bool tensor.
-        ValueError: if ``segment_length`` is not positive. During a run, if ``starts`` has the wrong shape, or
-            the default ``reset_hidden`` cannot reset the hidden state.
+        TypeError: if ``segment_length`` is not an int. During a run, if ``starts`` is not a bool tensor, or
+            ``model_fn`` does not return ``(y_pred, hidden)``.
+        ValueError: if ``segment_length`` is not positive. During a run, if ``starts`` has the wrong shape, the
+            default ``reset_hidden`` cannot reset the hidden state, or the hidden state changes shape.
 
     Examples:
         >>> import torch
@@ -79,22 +80,20 @@ def create_tbptt_evaluator(
     """
     if segment_length is not None:
         positive_int("segment_length", segment_length, "steps per model call")
-    autocast = autocast_for(device_type_of(model, device), autocast_dtype)
+    # The trainer's model call: the same reset at sequence starts, under the same autocast, with the same checks.
+    model_call = ModelCall(model, model_fn, autocast_for(device_type_of(model, device), autocast_dtype), reset_hidden)
     stream: dict[str, Any] = {"hidden": None}
 
     def run_pieces(x: torch.Tensor, starts: Any) -> list[Any]:
         hidden = stream["hidden"] if carry_hidden else None
         length = x.shape[time_dim]
         resets = {} if starts is None else start_rows(starts, x, time_dim)
-        # Pieces end every segment_length steps and where some column starts a sequence.
+        # Pieces end every segment_length steps and, as the trainer's segments, where some column starts a sequence.
         bounds = sorted({*range(0, length, segment_length or length), *resets, length})
         y_preds = []
-        with autocast():
-            for start, end in zip(bounds, bounds[1:]):
-                if start in resets and hidden is not None:
-                    hidden = reset_hidden(hidden, resets[start])
-                y_pred, hidden = model_fn(model, x.narrow(time_dim, start, end - start), hidden)
-                y_preds.append(y_pred)
+        for start, end in zip(bounds, bounds[1:]):
+            y_pred, hidden = model_call(x.narrow(time_dim, start, end - start), hidden, starts=resets.get(start))
+            y_preds.append(y_pred)
         stream["hidden"] = hidden
         return y_preds
 

@@ -71,6 +71,44 @@ def test_drop_last_keeps_every_batch_full_and_cuts_only_ends(lengths, batch_size
         assert sum(x.shape[0] for x, _, _ in batches) == (min(ends) if ends else 0)
 
 
+@settings(max_examples=200, deadline=None)
+@given(**packing, align=st.integers(1, 7), drop_last=st.booleans())
+def test_aligned_sequences_start_at_multiples_of_align_and_keep_every_token(
+    lengths, batch_size, length, shuffle, align, drop_last
+):
+    sequences = corpus(lengths)
+    packed = pack_sequences(sequences, batch_size, length, shuffle=shuffle, seed=3, align=align, drop_last=drop_last)
+    batches = list(packed)
+    assert len(batches) == len(packed)
+    assert sum(x.shape[0] for x, _, _ in batches) == packed.steps
+    if not batches:
+        return
+    x, y, starts = (torch.cat(parts) for parts in zip(*batches))
+    steps, _ = torch.nonzero(starts, as_tuple=True)
+    assert (steps % align == 0).all()  # every start on the grid, so none splits a window of k1 = align
+    found = sorted(tuple(s) for column in unpack(batches) for s in column)
+    whole = sorted(tuple(s.tolist()) for s in sequences if len(s) >= 2)
+    if drop_last:  # each one a beginning of its sequence
+        complete = {s[0]: s for s in whole}
+        assert all(complete[s[0]][: len(s)] == s for s in found)
+    else:
+        assert found == whole
+        assert (x[y == -100] == 0).all()  # padding steps hold pad_value
+
+
+def test_aligned_packing_pads_after_each_sequence_to_the_next_multiple():
+    sequences = corpus([6, 3, 9])  # 5, 2 and 8 steps
+    x, y, starts = next(iter(pack_sequences(sequences, 1, length=24, align=4)))
+    assert torch.nonzero(starts[:, 0]).flatten().tolist() == [0, 8, 12]
+    assert (y[5:8, 0] == -100).all() and (y[10:12, 0] == -100).all()
+    assert x.shape[0] == 20  # 8 + 4 + 8
+
+
+def test_align_must_be_a_positive_int():
+    with pytest.raises(ValueError, match="align"):
+        pack_sequences(corpus([5]), 1, 4, align=0)
+
+
 def test_the_next_sequence_goes_to_the_column_that_frees_first():
     # Steps 6, 2, 3, 1, 4: column 1 frees at 2 and takes the third, at 5 the fourth; at 6 both free, column 0
     # (the lower) takes the fifth.

@@ -1,0 +1,141 @@
+"""Sequence starts, split or aligned: ``python -m benchmarks.sequences [--repeats N] [--markdown FILE]``.
+
+The same documents (random tokens, geometric lengths of mean 2, 4 and 16 x k1) trained one epoch three ways,
+each a ``carry_hidden=True`` stream of 32 columns in batches of 200 steps:
+
+- **one stream, no starts**: the documents joined into one token stream (``stream_batches``): what the model's
+  compute costs without any start, the reference;
+- **packed**: ``pack_sequences``: each document starts right after the previous one in its column, and every
+  step where some column starts ends the fused model call of all columns;
+- **packed, align=k1**: ``pack_sequences(..., align=k1)``: every document starts at a multiple of k1, where a
+  window ends anyway, and its column is padded up to there.
+
+Time is per predicted token, padding included in the time but not in the count (the loss ignores it), so the
+padding's cost shows. Runs are interleaved and repeated; the median is reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks import methods
+from ignite_tbptt import create_tbptt_trainer
+from ignite_tbptt.data import pack_sequences, stream_batches
+
+COLUMNS, LENGTH = 32, 200
+
+
+def documents(mean: float, tokens: int, seed: int = 0) -> list[torch.Tensor]:
+    """Random documents of geometric lengths (at least 2 tokens) with the given mean, about ``tokens`` in all."""
+    g = torch.Generator().manual_seed(seed)
+    p = 1 / mean
+    docs, total = [], 0
+    while total < tokens:
+        n = 1 + int(torch.empty(1).geometric_(p, generator=g).item())  # steps: n - 1, of mean `mean`
+        docs.append(torch.randint(0, 100, (n,), generator=g))
+        total += n
+    return docs
+
+
+def layouts(docs: list[torch.Tensor], k1: int) -> dict[str, list]:
+    return {
+        "one stream, no starts": stream_batches(torch.cat(docs), COLUMNS, LENGTH),
+        "packed": list(pack_sequences(docs, COLUMNS, LENGTH)),
+        "packed, align=k1": list(pack_sequences(docs, COLUMNS, LENGTH, align=k1)),
+    }
+
+
+def targets(batches) -> int:
+    return sum(int((batch[1] != -100).sum()) for batch in batches)
+
+
+def train(cell: str, batches, k1: int, k2: int) -> float:
+    torch.manual_seed(0)
+    model = methods.CharModel(cell)
+    trainer = create_tbptt_trainer(
+        model, torch.optim.Adam(model.parameters(), lr=1e-3), methods.loss_fn, k1, k2, carry_hidden=True
+    )
+    start = time.perf_counter()
+    trainer.run(batches)
+    return time.perf_counter() - start
+
+
+def measure(cells, means, k1, k2, repeats, tokens) -> list[dict]:
+    rows = []
+    for cell in cells:
+        for mean in means:
+            runs = layouts(documents(mean * k1, tokens), k1)
+            for batches in runs.values():  # warm-up
+                train(cell, batches[:1], k1, k2)
+            times = {name: [] for name in runs}
+            for repeat in range(repeats):
+                names = list(runs)[repeat % len(runs) :] + list(runs)[: repeat % len(runs)]
+                for name in names:
+                    times[name].append(train(cell, runs[name], k1, k2))
+            reference = None
+            for name, batches in runs.items():
+                predicted = targets(batches)
+                steps = sum(batch[0].shape[0] for batch in batches) * COLUMNS
+                per_token = statistics.median(times[name]) / predicted
+                reference = per_token if reference is None else reference
+                rows.append(
+                    {
+                        "model": cell,
+                        "mean": mean,
+                        "layout": name,
+                        "us_per_token": per_token * 1e6,
+                        "vs_stream": per_token / reference,
+                        "padding": 1 - predicted / steps,
+                    }
+                )
+            print(f"timed {cell} mean {mean} x k1", file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict], k1: int, k2: int) -> str:
+    lines = [
+        "| model | k1 | k2 | mean document length | layout | µs per predicted token | vs one stream | padding |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {k1} | {k2} | {r['mean']} x k1 | {r['layout']} | {r['us_per_token']:.2f} "
+            f"| {r['vs_stream']:.2f}x | {r['padding']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--k1", type=int, default=25)
+    p.add_argument("--k2", type=int, default=25)
+    p.add_argument("--means", nargs="+", type=float, default=[2, 4, 16], help="mean document lengths, in k1")
+    p.add_argument("--cells", nargs="+", default=["lstm", "gru"])
+    p.add_argument("--tokens", type=int, default=32_000, help="tokens of documents per run")
+    p.add_argument("--markdown", type=Path, help="also write the page to this file")
+    args = p.parse_args(argv)
+    rows = measure(args.cells, args.means, args.k1, args.k2, args.repeats, args.tokens)
+    text = table(rows, args.k1, args.k2)
+    print(text)
+    if args.markdown:
+        machine = f"{platform.machine()}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+        command = " ".join(["python -m benchmarks.sequences", *(argv if argv is not None else sys.argv[1:])])
+        intro = __doc__.split("\n\n", 1)[1]
+        args.markdown.write_text(
+            f"# Benchmarks: sequence starts, split or aligned\n\nGenerated by `{command}`; rerun it rather than "
+            f"editing the numbers.\n\nMachine: {machine}. Model: embedding 64, an LSTM or GRU of 256, vocabulary "
+            f"100, Adam.\n\n{intro}\n{text}\n"
+        )
+    return rows
+
+
+if __name__ == "__main__":
+    main()
