@@ -23,7 +23,7 @@ from .forward import ModelCall
 from .plan import SegmentPlan
 from .stream import StreamState
 
-__all__ = ["SegmentExecutor"]
+__all__ = ["SegmentExecutor", "running_sum"]
 
 
 class SegmentExecutor:
@@ -116,7 +116,7 @@ class SegmentExecutor:
                     segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if n else None
             stream.history.append(segment)
         stream.hidden, stream.position = hidden_out, plan.end
-        stream.window_loss = stream.window_loss + loss
+        stream.window_loss = running_sum(stream.window_loss, loss)
         stream.window_targets += n
         return loss, n, hs.detached(y_pred) if keep_predictions else None
 
@@ -129,3 +129,8 @@ class SegmentExecutor:
         reach: list | None = [] if recording else None
         self.stream.history.backward(start, cut, next_cut, reach)
         return reach
+
+
+def running_sum(total: Any, loss: Any) -> Any:
+    """``total + loss`` for running sums that start at 0.0, without a device operation for the first term."""
+    return loss if isinstance(total, float) and total == 0.0 else total + loss

@@ -17,6 +17,7 @@ read per step, before it steps.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -203,8 +204,14 @@ def non_finite(grads: list[torch.Tensor]) -> torch.Tensor:
         groups.setdefault((g.device, g.dtype), []).append(g)
     flags = []
     for (device, _), group in groups.items():
-        found, one = torch.zeros((), device=device), torch.ones((), device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
+        found = torch.zeros((), device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found, _one(device))
         flags.append(found)
     first = flags[0]
     return first if len(flags) == 1 else torch.stack([f.to(first.device) for f in flags]).amax()
+
+
+@functools.cache
+def _one(device: torch.device) -> torch.Tensor:
+    # The check's scale, never written to: one tensor per device for the whole process.
+    return torch.ones((), device=device)

@@ -15,7 +15,7 @@ from . import hidden as hs
 from .backward_sweep import RetainedHistory, reach_profile
 from .batch import check_pair, check_resettable, default_reset_hidden, split_batch, start_rows
 from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
-from .executor import SegmentExecutor
+from .executor import SegmentExecutor, running_sum
 from .forward import ModelCall
 from .optimizer_step import OptimizerStep
 from .plan import plan_segment
@@ -247,7 +247,7 @@ class TBPTTStep:
             y_seg = y.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
             resets = rows.get(plan.start - offset)
             loss, n, y_pred = run(plan, x_seg, y_seg, resets, self._recording, keep_predictions)
-            loss_sum, targets = loss_sum + loss, targets + n
+            loss_sum, targets = running_sum(loss_sum, loss), targets + n
             self.optim.targets += n
             engine.state.targets_seen += n
             y_preds.append(y_pred)
