@@ -15,7 +15,7 @@ from . import hidden as hs
 from .backward_sweep import RetainedHistory, reach_profile
 from .batch import check_pair, check_resettable, default_reset_hidden, split_batch, start_rows
 from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
-from .executor import SegmentExecutor, running_sum
+from .executor import SegmentExecutor, profiled, running_sum
 from .forward import ModelCall
 from .optimizer_step import OptimizerStep
 from .plan import plan_segment
@@ -304,7 +304,8 @@ class TBPTTStep:
         if self.stream.history.segments:
             self.versions.freeze()
         try:
-            self.optim.step(engine, on_skip=self.stream.recover)
+            with profiled("tbptt.optimizer_step"):
+                self.optim.step(engine, on_skip=self.stream.recover)
         except FloatingPointError as error:
             # No window runs after this one; the iteration ends with a NaN output, and the error is raised
             # when anything would run next, unless a handler (TerminateOnNan) ends the run first.

@@ -63,3 +63,26 @@ def test_quick_benchmark_runs_every_contender_and_writes_its_table(tmp_path):
     assert [(r["steps"], r["recompute"]) for r in result["memory"]] == [(60, None), (240, None), (40, 5)]
     assert all(r["saved_activations_mib"] > 0 for r in result["memory"])
     assert "| lstm | 25 | 50 | chained |" in markdown.read_text()
+
+
+def test_overhead_benchmark_counts_no_host_read_per_window_for_ours(tmp_path):
+    from benchmarks import overhead
+
+    markdown = tmp_path / "overhead.md"
+    rows = overhead.main(["--repeats", "1", "--steps", "200", "--markdown", str(markdown)])
+    reads = {(r["k1"], r["method"]): r["reads_per_window"] for r in rows}
+    assert reads[5, "ours"] < 0.1 and reads[1, "ours"] < 0.1  # two reads per iteration, none per window
+    assert reads[5, "ignite"] == 2.0 and reads[5, "ours, unfused SGD"] > 1.0  # ignite: two per chunk
+    assert "µs per window" in markdown.read_text()
+
+
+def test_alignment_benchmark_and_profile_run(tmp_path, capsys):
+    from benchmarks import profile, sequences
+
+    rows = sequences.main(["--repeats", "1", "--cells", "gru", "--means", "2", "--per-column", "4"])
+    layouts = {r["layout"]: r for r in rows}
+    assert layouts["one stream, no starts"]["vs_stream"] == 1.0 and layouts["one stream, no starts"]["padding"] == 0
+    assert layouts["packed, align=k1"]["padding"] > 0  # alignment pads; the time per predicted token counts it
+    profile.main(["--steps", "200", "--hidden", "16", "--k1", "20", "--k2", "30"])
+    out = capsys.readouterr().out
+    assert all(name in out for name in ("tbptt.forward", "tbptt.sweep", "tbptt.optimizer_step"))
