@@ -28,7 +28,7 @@ from ignite.engine import Engine
 from . import distributed
 from .events import TBPTTEvents, fire
 
-__all__ = ["OptimizerStep"]
+__all__ = ["OptimizerStep", "non_finite", "skips_on_device"]
 
 
 class OptimizerStep:
