@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import torch
 from ignite.engine import DeterministicEngine, Engine
 
 from .events import COUNTERS
@@ -52,6 +53,37 @@ class TBPTTEngine(_StreamState, Engine):
 class DeterministicTBPTTEngine(_StreamState, DeterministicEngine):
     """:class:`TBPTTEngine` on ignite's ``DeterministicEngine``: resumable mid-epoch with the same data.
 
+    ``DeterministicEngine`` saves numpy's random state as a numpy array, which ``torch.load(path,
+    weights_only=True)`` (PyTorch's default since 2.6, and ignite's ``Checkpoint.load_objects(to_load, path)``)
+    refuses: unpickling arbitrary objects can run code. This engine saves that array as a tensor and turns it
+    back when loading, so its checkpoints load with ``weights_only=True`` and nothing needs allow-listing.
+
     Args:
         step: the process function; reachable afterwards as ``engine.tbptt``.
     """
+
+    def state_dict(self) -> OrderedDict:
+        """The engine's state with the stream (``"tbptt"``) and the random states as tensors and numbers."""
+        state = super().state_dict()
+        state["rng_states"] = [_as_tensors(s) for s in state["rng_states"]]
+        return state
+
+    def load_state_dict(self, state_dict: Mapping) -> None:
+        """Load :meth:`state_dict`'s state (numpy's random state as ignite restores it)."""
+        if state_dict.get("rng_states") is not None:
+            state_dict = {**state_dict, "rng_states": [_as_numpy(s) for s in state_dict["rng_states"]]}
+        super().load_state_dict(state_dict)
+
+
+# numpy's state is ("MT19937", key: uint32 array of 624, pos, has_gauss, cached_gaussian).
+def _as_tensors(rng_state: Any) -> Any:
+    if isinstance(rng_state, tuple) and rng_state and rng_state[0] == "MT19937" and hasattr(rng_state[1], "dtype"):
+        key = torch.from_numpy(rng_state[1].astype("int64"))
+        return (rng_state[0], key, *rng_state[2:])
+    return rng_state
+
+
+def _as_numpy(rng_state: Any) -> Any:
+    if isinstance(rng_state, tuple) and rng_state and rng_state[0] == "MT19937" and torch.is_tensor(rng_state[1]):
+        return (rng_state[0], rng_state[1].numpy().astype("uint32"), *rng_state[2:])
+    return rng_state

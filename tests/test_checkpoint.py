@@ -1,10 +1,15 @@
+import pickle
+
 import pytest
 import torch
+from ignite.handlers import Checkpoint
 
 from ignite_tbptt import create_tbptt_trainer
+from ignite_tbptt.examples import char_lm
 
 from .helpers import assert_resume_is_bit_identical, make_batches
 from .reference import Net, cross_entropy
+from .test_char_lm import STREAM
 
 DROPOUT = 0.3  # dropout makes the rebuilt history depend on replaying the random state
 
@@ -68,3 +73,40 @@ def resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at, edit=Non
 
     trainer = assert_resume_is_bit_identical(tmp_path, seeded, batches, stop_at, edit=edit, stopped=stopped)
     assert trainer.state.iteration == 15 and trainer.state.window > 0
+
+
+class Payload:
+    """Unpickling this calls ``ran.append``: what a hostile checkpoint would do with ``os.system``."""
+
+    def __reduce__(self):
+        return (RAN.append, ("code ran",))
+
+
+RAN: list = []
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_by_every_documented_load_path(tmp_path):
+    path = tmp_path / "checkpoint_1.pt"
+    model, optimizer, trainer = build(3, 7, 1, False)
+    trainer.run([(x.float(), y) for x, y in make_batches([6, 6])])
+    state = {"trainer": trainer.state_dict(), "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    torch.save({**state, "extra": Payload()}, path)
+    to_load = {"trainer": trainer, "model": model, "optimizer": optimizer}
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)  # README and docs/howto/checkpoint.md
+    with pytest.raises(pickle.UnpicklingError):
+        Checkpoint.load_objects(to_load, str(path))  # ignite's own loader, given the path
+    with pytest.raises(SystemExit, match="refusing to resume from .*checkpoint_1.pt"):
+        char_lm.main([*STREAM, "--epochs", "1", "--no-progress", "--logdir", str(tmp_path), "--resume", str(path)])
+    assert RAN == []  # nothing ran
+    torch.save(state, path)  # the same state without the payload loads on every path
+    Checkpoint.load_objects(to_load, torch.load(path, weights_only=True))
+    Checkpoint.load_objects(to_load, str(path))
+    assert RAN == []
+
+
+def test_an_unreadable_checkpoint_names_the_file(tmp_path):
+    path = tmp_path / "truncated.pt"
+    path.write_bytes(b"PK\x03\x04 not a whole file")
+    with pytest.raises(SystemExit, match="cannot read the checkpoint .*truncated.pt"):
+        char_lm.main([*STREAM, "--epochs", "1", "--no-progress", "--logdir", str(tmp_path), "--resume", str(path)])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import pickle
 import sys
 import sysconfig
 from collections import Counter
@@ -303,6 +304,23 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
     return model, optimizer, trainer, evaluator
 
 
+def load_checkpoint(path: Path, device: Any) -> dict:
+    """Read a checkpoint of this job with ``weights_only=True``: tensors and numbers only, so no code can run.
+
+    Raises:
+        SystemExit: if the file cannot be read, or holds other objects (loading those could run code).
+    """
+    try:
+        return torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise SystemExit(
+            f"refusing to resume from {path}: it holds objects other than tensors and numbers, which could run "
+            f"code when loaded. Checkpoints this job writes never do. ({str(error).splitlines()[0]})"
+        ) from None
+    except (OSError, EOFError, RuntimeError) as error:
+        raise SystemExit(f"cannot read the checkpoint {path}: {error}") from None
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
     args = parse_args(argv)
@@ -332,8 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
         checkpoint = Checkpoint(to_save, saver, n_saved=2, global_step_transform=lambda e, _: e.state.iteration)
         trainer.add_event_handler(Events.ITERATION_COMPLETED(every=args.checkpoint_every), checkpoint)
     if args.resume:
-        # weights_only=False: the trainer's state holds ignite's saved random states (numpy arrays included).
-        Checkpoint.load_objects(to_save, torch.load(args.resume, map_location=device, weights_only=False))
+        Checkpoint.load_objects(to_save, load_checkpoint(args.resume, device))
         say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
 
     if args.adaptive:
