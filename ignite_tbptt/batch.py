@@ -94,7 +94,8 @@ def check_starts(starts: Any, x: torch.Tensor, time_dim: int) -> int:
 
     Raises:
         TypeError: if ``starts`` is not a bool tensor.
-        ValueError: if ``x`` has no batch dimension or ``starts`` has the wrong shape.
+        ValueError: if ``x`` has no batch dimension, ``starts`` has the wrong shape, or it is on another device
+            than ``x``.
     """
     if not isinstance(starts, torch.Tensor) or starts.dtype != torch.bool:
         what = starts.dtype if isinstance(starts, torch.Tensor) else type(starts).__name__
@@ -109,6 +110,11 @@ def check_starts(starts: Any, x: torch.Tensor, time_dim: int) -> int:
         raise ValueError(
             f"starts must have shape {layout} = {expected} to match x of shape {tuple(x.shape)} with "
             f"time_dim={time_dim}, got {tuple(starts.shape)}."
+        )
+    if starts.device != x.device:
+        raise ValueError(
+            f"starts is on {starts.device} and x on {x.device}; move both to one device (the default "
+            "prepare_batch moves the whole batch (x, y, starts) to the trainer's device)."
         )
     return 0 if time_first else 1
 

@@ -99,7 +99,8 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
 
     Returns:
         A :class:`PackedSequences`: iterating it yields ``(x, y, starts)`` with ``x`` and ``y`` of shape
-        ``(T, B)`` (``y`` of ``x``'s dtype) and ``starts`` bool of shape ``(T, B)``.
+        ``(T, B)`` and ``starts`` bool of shape ``(T, B)``. ``y`` has the tokens' dtype where that holds
+        ``ignore_index``, else ``int64`` (uint8 or bool tokens), so that padding never reads as a real token.
 
     Raises:
         TypeError: if ``batch_size``, ``length`` or ``align`` is not an int, or ``shuffle`` is True for sequences
@@ -207,6 +208,16 @@ class PackedSequences:
         )
 
 
+def _holds(dtype: torch.dtype, value: int) -> bool:
+    """Whether ``dtype`` represents ``value`` exactly, so that padding targets never equal a real token."""
+    if dtype == torch.bool:
+        return False
+    if dtype.is_floating_point or dtype.is_complex:
+        return True
+    info = torch.iinfo(dtype)
+    return info.min <= value <= info.max
+
+
 def _aligned(steps: int, align: int) -> int:
     """The steps a sequence of ``steps`` takes in its column when sequences start at multiples of ``align``."""
     return -(-steps // align) * align
@@ -290,7 +301,7 @@ def _pack(
         if end <= start:
             return
         x = torch.full((end - start, columns), pad_value, dtype=dtype)
-        y = torch.full_like(x, ignore_index)
+        y = torch.full(x.shape, ignore_index, dtype=dtype if _holds(dtype, ignore_index) else torch.int64)
         starts = torch.zeros(x.shape, dtype=torch.bool)
         for b, column in enumerate(placed):
             for first, tokens in column:

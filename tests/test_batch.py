@@ -214,3 +214,11 @@ def test_hidden_state_the_default_cannot_reset(carry_hidden):
         trainer.run(batches)
     assert_same_parameters(model, initial, atol=0)
     assert all(p.grad is None or not p.grad.any() for p in model.parameters())
+
+
+def test_starts_on_another_device_than_x_are_refused_before_anything_runs():
+    from ignite_tbptt.batch import check_starts
+
+    x = torch.zeros(4, 2, 3)
+    with pytest.raises(ValueError, match="starts is on meta and x on cpu"):
+        check_starts(torch.zeros(4, 2, dtype=torch.bool, device="meta"), x, 0)

@@ -190,3 +190,13 @@ def test_columns_picture_matches_the_packing():
 def test_drop_last_with_fewer_sequences_than_columns_gives_no_batch():
     packed = pack_sequences(corpus([5, 9]), 3, length=4, drop_last=True)
     assert len(packed) == 0 and list(packed) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.bool, torch.int16, torch.int64])
+def test_padding_targets_never_read_as_a_real_token(dtype):
+    sequences = [torch.tensor([1, 0, 1, 1], dtype=dtype), torch.tensor([0, 1], dtype=dtype)]
+    x, y, starts = next(iter(pack_sequences(sequences, 2, length=4)))
+    assert x.dtype == dtype
+    assert y.dtype == (dtype if dtype in (torch.int16, torch.int64) else torch.int64)  # -100 fits, or promoted
+    assert y[1:, 1].tolist() == [-100, -100]  # the second column's padding
+    assert y[:, 0].tolist() == [0, 1, 1] and y[0, 1].item() == 1  # real targets keep their values
