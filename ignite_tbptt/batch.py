@@ -38,11 +38,17 @@ def prepare_batch(
 
     Raises:
         ValueError: if the batch has neither two nor three elements.
+        TypeError: if ``starts`` is not a tensor.
     """
     if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
         raise ValueError(
             f"a batch must be (x, y) or (x, y, starts), got {type(batch).__name__} of "
             f"{len(batch) if isinstance(batch, (tuple, list)) else 'unknown'} elements; pass prepare_batch to adapt it."
+        )
+    if len(batch) == 3 and not isinstance(batch[2], torch.Tensor):
+        raise TypeError(
+            f"starts must be a bool tensor (True where a sequence starts), got {type(batch[2]).__name__}; "
+            "e.g. torch.tensor(starts, dtype=torch.bool)."
         )
     return tuple(convert_tensor(t, device=device, non_blocking=non_blocking) for t in batch)
 

@@ -82,6 +82,10 @@ class SegmentExecutor:
         Returns:
             The segment's summed per-target loss (a detached 0-dim tensor, or 0.0 without targets), its target
             count, and its detached predictions if ``keep_predictions`` else ``None``.
+
+        Raises:
+            TypeError: if ``loss_fn`` returns something other than a tensor.
+            ValueError: if it returns a tensor of more than 0 dimensions, or one without a graph.
         """
         stream = self.stream
         hidden, versions = stream.hidden, stream.history.versions
@@ -106,7 +110,7 @@ class SegmentExecutor:
         loss: Any = 0.0
         if n:
             with self.model_call.autocast():
-                weighted = self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y) * n
+                weighted = _checked(self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y)) * n
             with profiled("tbptt.segment_backward"):
                 (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
             loss = weighted.detach()
@@ -141,3 +145,23 @@ class SegmentExecutor:
 def running_sum(total: Any, loss: Any) -> Any:
     """``total + loss`` for running sums that start at 0.0, without a device operation for the first term."""
     return loss if isinstance(total, float) and total == 0.0 else total + loss
+
+
+def _checked(loss: Any) -> torch.Tensor:
+    """``loss_fn``'s value, if it is a 0-dim tensor with a graph: else an error before any backward runs."""
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(
+            f"loss_fn must return a 0-dim tensor (the mean over the targets), got {type(loss).__name__}; do not "
+            "call .item() or float() on it."
+        )
+    if loss.dim() != 0:
+        raise ValueError(
+            f"loss_fn must return a 0-dim tensor (the mean over the targets), got shape {tuple(loss.shape)}; use "
+            "reduction='mean' (PyTorch's default) and target_count_fn for padded targets."
+        )
+    if not loss.requires_grad:
+        raise ValueError(
+            "loss_fn returned a tensor without a graph to the predictions (detached, or computed from something "
+            "else); compute it from y_pred without .detach()."
+        )
+    return loss

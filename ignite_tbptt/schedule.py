@@ -18,6 +18,7 @@ for k2 timesteps"). The exact contract lives in the project's SPEC.md.
 
 from __future__ import annotations
 
+import math
 import random
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -245,7 +246,7 @@ class RandomWindows(_K2Rule, WindowSource):
     Raises:
         TypeError: if ``k1``, ``k2`` or ``min_length`` is not an int.
         ValueError: if ``k1``, ``k2`` or ``min_length`` is not positive, ``p`` is not in [0, 1] or ``std`` is
-            negative.
+            negative, infinite or NaN.
 
     Examples:
         >>> source = RandomWindows(k1=70, k2=90, seed=0)
@@ -270,8 +271,8 @@ class RandomWindows(_K2Rule, WindowSource):
         self.min_length = positive_int("min_length", min_length, "a number of time steps")
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"p must be a probability in [0, 1], got {p!r}.")
-        if std < 0:
-            raise ValueError(f"std must be a non-negative number of steps, got {std!r}.")
+        if not 0 <= std < math.inf:  # NaN fails too, and would only fail at the first window
+            raise ValueError(f"std must be a finite, non-negative number of steps, got {std!r}.")
         self.p, self.std, self.seed = p, std, seed
         self._random = random.Random(seed)
         self._ends: dict[int, int] = {}  # window start -> end, for the windows drawn in this stream

@@ -280,13 +280,15 @@ def create_tbptt_trainer(
         TypeError: if ``model``, ``optimizer``, ``scaler``, ``autocast_dtype`` or a callable argument has the wrong
             type, ``k1``, ``k2``, ``time_dim`` or ``gradient_accumulation_steps`` is not an int, or ``k1`` is an
             :class:`~ignite_tbptt.AdaptiveTruncation` (a handler, to attach to the trainer). During a run,
-            if ``prepare_batch`` does not return tensors or ``model_fn`` does not return ``(y_pred, hidden)``.
+            if ``prepare_batch`` does not return tensors, ``model_fn`` does not return ``(y_pred, hidden)``, or
+            ``loss_fn`` does not return a tensor.
         ValueError: if ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` is not positive, or
             ``optimizer`` holds none of ``model``'s parameters. During a run, if ``time_dim`` is out of range,
             ``x`` and ``y`` differ in length along it, a batch is empty, ``starts`` has the wrong shape (a
             TypeError if it is not a bool tensor), the default ``reset_hidden`` cannot reset the hidden state,
-            the hidden state changes shape between segments, or (with ``carry_hidden=True``) a batch has
-            another number of parallel streams than the epoch's first.
+            the hidden state changes shape between segments, ``starts`` is on another device than ``x``,
+            ``loss_fn`` returns a tensor that is not 0-dim or has no graph, or (with ``carry_hidden=True``) a
+            batch has another number of parallel streams than the epoch's first.
             Batch errors are raised before the batch changes anything.
         FloatingPointError: without a ``scaler``, after an optimizer step whose gradients hold inf or NaN. The
             step is not taken, so the parameters keep their last finite values; no further window of the batch

@@ -71,6 +71,9 @@ def test_random_windows_check_their_arguments_and_k2():
         RandomWindows(10, p=1.5)
     with pytest.raises(TypeError, match="min_length"):
         RandomWindows(10, min_length=2.5)
+    for std in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="std must be a finite, non-negative"):
+            RandomWindows(10, std=std)
     model = Net()
     with pytest.raises(ValueError, match="k2 belongs to the window source"):
         create_tbptt_trainer(model, sgd(model), cross_entropy, RandomWindows(10), 20)

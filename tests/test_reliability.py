@@ -7,6 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from ignite.engine import Events
+from torch import nn
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 
@@ -62,7 +63,33 @@ RUN_ERRORS = [
     ("model output", {"model_fn": lambda m, x, h: m(x)[0]}, (GOOD_X, GOOD_Y), TypeError, r"return \(y_pred, hidden\)"),
     ("hidden changes", {"model_fn": shrink_hidden, "carry_hidden": True}, (GOOD_X, GOOD_Y), ValueError, "hidden state"),
     ("streams change", {"carry_hidden": True}, (GOOD_X[:, :2], GOOD_Y[:, :2]), ValueError, "3 parallel streams"),
+    ("starts as a list", {}, (GOOD_X, GOOD_Y, [[False] * 3] * 6), TypeError, "starts must be a bool tensor"),
 ]
+
+
+LOSS_ERRORS = [
+    ("a float", lambda y_pred, y: cross_entropy(y_pred, y).item(), TypeError, "got float"),
+    (
+        "per target",
+        lambda y_pred, y: nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten(), reduction="none"),
+        ValueError,
+        r"0-dim tensor .*got shape \(",
+    ),
+    ("detached", lambda y_pred, y: cross_entropy(y_pred.detach(), y), ValueError, "without a graph"),
+]
+
+
+@pytest.mark.parametrize("loss_fn,error,match", [c[1:] for c in LOSS_ERRORS], ids=[c[0] for c in LOSS_ERRORS])
+def test_a_bad_loss_fn_raises_a_clear_error_before_any_backward(loss_fn, error, match):
+    torch.manual_seed(0)
+    model = Net().double()
+    before = copy.deepcopy(model)
+    trainer = create_tbptt_trainer(model, sgd(model), loss_fn, 3, 5)
+    with pytest.raises(error, match=match):
+        trainer.run([(GOOD_X, GOOD_Y)])
+    assert trainer.state.optimizer_step == 0
+    for p, q in zip(model.parameters(), before.parameters()):
+        assert torch.equal(p, q) and p.grad is None
 
 
 @pytest.mark.parametrize("kwargs,batch,error,match", [c[1:] for c in RUN_ERRORS], ids=[c[0] for c in RUN_ERRORS])
