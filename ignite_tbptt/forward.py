@@ -95,8 +95,9 @@ class ModelCall:
         y_pred, hidden_out = output
         if hidden is not None and not hs.interchangeable(hidden_out, hidden):
             raise ValueError(
-                "the hidden state changed structure or shape between segments: "
-                f"{hs.signature(hidden)} -> {hs.signature(hidden_out)}. With carry_hidden=True all batches "
-                "of an epoch must have the same batch size."
+                "the model returned its hidden state in another structure or shape than it was given: "
+                f"{hs.signature(hidden)} -> {hs.signature(hidden_out)}. The trainer feeds each segment's hidden "
+                "state to the next model call, so model_fn must return it as it takes it (a model that rebuilds "
+                "or reshapes its state, or a batch of another size in the same stream, breaks this)."
             )
         return y_pred, hidden_out
