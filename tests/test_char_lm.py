@@ -1,6 +1,7 @@
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,3 +92,14 @@ def test_documents_are_packed_with_a_reset_at_each_start(tmp_path, capsys):
     assert starts.sum() == 3 and starts[0].all()  # each training document starts once, two at step 0
     assert all((y != char_lm.IGNORE).all() for _, y, _ in train)  # drop_last: no padding in training
     assert history["valid_bpc"][1] < history["valid_bpc"][0] < 2.5
+
+
+def test_every_run_logs_to_a_directory_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = [*STREAM, "--epochs", "1", "--no-progress", "--checkpoint-every", "0"]
+    first = Path(char_lm.main(args)["logdir"])
+    written = sorted(first.iterdir())
+    second = Path(char_lm.main(args)["logdir"])
+    assert first != second and first.parent == second.parent == Path("runs")
+    assert sorted(first.iterdir()) == written  # the second run added nothing to the first's curves
+    assert list(second.glob("events.out.tfevents.*"))

@@ -13,7 +13,7 @@ Run::
 
     python -m ignite_tbptt.examples.char_lm                 # about 70 seconds on 2 CPU cores
     python -m ignite_tbptt.examples.char_lm --text a.txt b.txt --k1 50 --k2 100 --epochs 5
-    tensorboard --logdir runs/
+    tensorboard --logdir runs/                              # each run writes to runs/char_lm-DATE-TIME/
 
 It logs each window's training loss (nats per character), gradient norm, learning rate and throughput
 (x-axis: windows), each epoch's validation bits per character, the hyper-parameters and the schedule picture
@@ -32,6 +32,7 @@ import math
 import pickle
 import sys
 import sysconfig
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -220,7 +221,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--logdir", type=Path, default=Path("runs"), help="TensorBoard log directory (default runs/)")
+    p.add_argument(
+        "--logdir",
+        type=Path,
+        default=None,
+        help="TensorBoard and checkpoint directory (default: a new runs/char_lm-DATE-TIME/ for every run)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=100, help="iterations between checkpoints, 0 for none")
     p.add_argument("--resume", type=Path, help="checkpoint file to continue from")
     p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
@@ -304,6 +310,17 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
     return model, optimizer, trainer, evaluator
 
 
+def new_run_dir(root: Path) -> Path:
+    """A directory under ``root`` that no run has used: ``char_lm-DATE-TIME``, with ``-2``, ``-3``... if taken."""
+    base = root / time.strftime("char_lm-%Y%m%d-%H%M%S")
+    path, n = base, 1
+    while path.exists():
+        n += 1
+        path = base.with_name(f"{base.name}-{n}")
+    path.mkdir(parents=True)
+    return path
+
+
 def load_checkpoint(path: Path, device: Any) -> dict:
     """Read a checkpoint of this job with ``weights_only=True``: tensors and numbers only, so no code can run.
 
@@ -324,6 +341,8 @@ def load_checkpoint(path: Path, device: Any) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
     args = parse_args(argv)
+    if args.logdir is None:  # one directory per run, so that reruns do not mix their curves and checkpoints
+        args.logdir = new_run_dir(Path("runs"))
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     vocab, train, valid, unigram = load_data(args)
