@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import methods
+from benchmarks.report import rotated
 from ignite_tbptt import RandomWindows
 
 PAIRS = [(25, 25), (200, 200), (25, 50), (20, 30), (10, 40), (32, 48)]
@@ -164,7 +165,7 @@ def run_time(args, device):
             for repeat in range(args.repeats):
                 # Interleaved, so that drift in the machine's speed hits all alike, and rotated, so that no
                 # contender always runs right after the same other one.
-                for name in names[repeat % len(names) :] + names[: repeat % len(names)]:
+                for name in rotated(names, repeat):
                     method, kwargs = contenders[name]
                     seconds, split = timed(
                         method, cell, batches, k1, k1 if name == "hand" else k2, device, **dict(kwargs)
