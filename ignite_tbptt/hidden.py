@@ -36,13 +36,10 @@ def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
         t = t.detach()
         return t.requires_grad_() if requires_grad and (t.is_floating_point() or t.is_complex()) else t
 
-    # The hidden states of nn.RNN, nn.GRU and nn.LSTM, without walking a tree: this runs once per model call.
-    if isinstance(tree, torch.Tensor):
-        new = leaf(tree)
-        return new, [new]
-    if type(tree) is tuple and all(isinstance(t, torch.Tensor) for t in tree):
-        new = tuple(leaf(t) for t in tree)
-        return new, list(new)
+    plain = _plain(tree)
+    if plain is not None:
+        leaves = [leaf(t) for t in plain]
+        return (leaves[0] if isinstance(tree, torch.Tensor) else tuple(leaves)), leaves
     new = pytree.tree_map_only(torch.Tensor, leaf, tree)
     return new, flatten(new)
 
@@ -59,12 +56,22 @@ def signature(tree: Any) -> Any:
 
 def interchangeable(a: Any, b: Any) -> bool:
     """Whether ``a`` and ``b`` have the same :func:`signature` (checked once per model call, so tensors first)."""
-    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
-        return a.shape == b.shape and a.dtype == b.dtype
-    tensors = type(a) is tuple and type(b) is tuple and all(isinstance(t, torch.Tensor) for t in (*a, *b))
-    if tensors and len(a) == len(b):
-        return all(s.shape == t.shape and s.dtype == t.dtype for s, t in zip(a, b))
-    return signature(a) == signature(b)
+    plain_a, plain_b = _plain(a), _plain(b)
+    if plain_a is None or plain_b is None or isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+        return signature(a) == signature(b)
+    return len(plain_a) == len(plain_b) and all(
+        s.shape == t.shape and s.dtype == t.dtype for s, t in zip(plain_a, plain_b)
+    )
+
+
+def _plain(tree: Any) -> tuple[torch.Tensor, ...] | None:
+    # The hidden states of nn.RNN, nn.GRU and nn.LSTM, a tensor or a tuple of tensors, need no tree walk: the
+    # helpers that run once per model call take this shortcut.
+    if isinstance(tree, torch.Tensor):
+        return (tree,)
+    if type(tree) is tuple and all(isinstance(t, torch.Tensor) for t in tree):
+        return tree
+    return None
 
 
 def cat(parts: list[Any], dim: int) -> Any:
