@@ -69,7 +69,7 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
     (``x`` with ``pad_value``, ``y`` with ``ignore_index``) up to the next multiple. With ``A = k1`` of fixed
     windows, every start falls on a window boundary, where the trainer ends a model call anyway, so starts no
     longer split the fused calls of the other columns: padding instead of shorter calls. A sequence of ``n``
-    steps then takes ``ceil(n / A) * A``; the trade is measured in ``docs/benchmarks-sequences.md``.
+    steps then takes ``ceil(n / A) * A``; the trade is measured in ``docs/benchmarks-alignment.md``.
 
     With ``drop_last=True`` the epoch ends instead at the first step where a column has no sequence left, so
     every batch is full; the steps the sequences still running would have had are not used (as a

@@ -11,7 +11,7 @@ back at least ``k2 - k1`` steps. ``--layout stream`` instead joins the documents
 
 Run::
 
-    python -m ignite_tbptt.examples.char_lm                 # about 70 seconds on 2 CPU cores
+    python -m ignite_tbptt.examples.char_lm                 # about 2 minutes on 2 CPU cores
     python -m ignite_tbptt.examples.char_lm --text a.txt b.txt --k1 50 --k2 100 --epochs 5
     tensorboard --logdir runs/                              # each run writes to runs/char_lm-DATE-TIME/
 
