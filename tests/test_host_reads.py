@@ -124,3 +124,21 @@ def test_on_cuda_no_synchronisation_per_window():
     for length in (40, 10):
         syncs, iterations = synchronisations(length)
         assert syncs <= 2 * iterations  # the iteration's output and the steps' finiteness, not per window
+
+
+def test_divide_and_check_divides_every_dtype_and_flags_non_finite():
+    from ignite_tbptt.optimizer_step import divide_and_check
+
+    g32 = torch.tensor([3.0, -6.0])
+    g64 = torch.tensor([1.0, 7.0], dtype=torch.float64)
+    sparse = torch.sparse_coo_tensor([[0, 2]], [4.0, 8.0], (3,))
+    found = divide_and_check([g32, g64, sparse], 3)
+    assert found.item() == 0.0
+    torch.testing.assert_close(g32, torch.tensor([1.0, -2.0]))
+    assert torch.equal(g64, torch.tensor([1.0, 7.0], dtype=torch.float64) / 3)  # exact division in float64
+    torch.testing.assert_close(sparse.to_dense(), torch.tensor([4.0, 0.0, 8.0]) / 3)
+    assert divide_and_check([torch.tensor([float("nan")])], 2).item() == 1.0
+    assert divide_and_check([torch.tensor([float("inf")], dtype=torch.float64)], 2).item() == 1.0
+    # A refused step refuses every later one: the earlier decision carries over.
+    assert divide_and_check([torch.tensor([1.0])], 1, earlier=torch.ones(())).item() == 1.0
+    assert divide_and_check([torch.tensor([1.0])], 1, earlier=torch.zeros(())).item() == 0.0
