@@ -204,22 +204,22 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
     Returns:
         A float32 0-dim tensor on the first gradient's device: 1.0 if any gradient (or ``earlier``) is non-finite.
     """
-    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-    divided = []  # checked with scale one after an exact division
+    # One kernel per device, dtype and whether it divides (GradScaler groups alike: one dtype per kernel).
+    groups: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
+    divided = []  # divided exactly first, then checked with scale one
     for g in grads:
-        if g.is_sparse or g.dtype not in _SCALED_DTYPES:
+        scaled = not g.is_sparse and g.dtype in _SCALED_DTYPES
+        if not scaled:
             divided.append(g)
             g = g.coalesce().values() if g.is_sparse else g
-            groups.setdefault((g.device, None), []).append(g)
-        else:
-            groups.setdefault((g.device, g.dtype), []).append(g)
+        groups.setdefault((g.device, g.dtype, scaled), []).append(g)
     if divided:
         torch._foreach_div_(divided, divisor)
     flags = []
-    for (device, dtype), group in groups.items():
+    for (device, _, scaled), group in groups.items():
         carried = earlier is not None and not flags and earlier.device == device
         found = earlier.clone() if carried else torch.zeros((), device=device, dtype=torch.float32)
-        scale = _inverse(device, divisor if dtype is not None else 1)
+        scale = _inverse(device, divisor if scaled else 1)
         torch._amp_foreach_non_finite_check_and_unscale_(group, found, scale)
         flags.append(found)
     first = flags[0]
