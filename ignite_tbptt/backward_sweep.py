@@ -107,7 +107,8 @@ def reach_profile(reach: list, end: int, targets: int, scale: float = 1.0) -> di
     Args:
         reach: ``(step, gradients)`` pairs from the sweep of the window ending at ``end``.
         end: end of the window.
-        targets: its target count, which turns the summed per-target loss into the mean.
+        targets: what turns the backpropagated loss into the mean: the window's target count if it was the sum of
+            its per-target losses, 1 if it was their mean.
         scale: the ``GradScaler``'s scale the backward passes ran with (1.0 without one).
 
     Returns:

@@ -23,7 +23,7 @@ from .forward import ModelCall
 from .plan import SegmentPlan
 from .stream import StreamState
 
-__all__ = ["SegmentExecutor", "running_sum", "profiled"]
+__all__ = ["SegmentExecutor", "profiled"]
 
 
 def profiled(name: str) -> AbstractContextManager:
@@ -68,6 +68,7 @@ class SegmentExecutor:
         resets: torch.Tensor | None,
         recording: bool = False,
         keep_predictions: bool = False,
+        as_mean: bool = False,
     ) -> tuple[Any, int, Any]:
         """Run the segment as ``plan`` says: forward, pay or owe its loss gradient, retain what is needed.
 
@@ -78,10 +79,15 @@ class SegmentExecutor:
             resets: the columns (shape ``(B,)``, bool) that start a new sequence at its first step, or ``None``.
             recording: the window's gradient reach is recorded, which needs the gradient at its cut too.
             keep_predictions: return the detached predictions (for ``output_transform``).
+            as_mean: backpropagate the loss as ``loss_fn`` returns it, the mean over the segment's targets, rather
+                than their sum: for a segment that is its optimizer step's only one (``plan.whole_window``, one
+                window per step, one process), where the step would divide the sum by the same count. The
+                gradient is then the one a hand-written loop computes, without two multiplications and a
+                division.
 
         Returns:
-            The segment's summed per-target loss (a detached 0-dim tensor, or 0.0 without targets), its target
-            count, and its detached predictions if ``keep_predictions`` else ``None``.
+            The segment's per-target loss (a detached 0-dim tensor, or 0.0 without targets): summed, or the mean if
+            ``as_mean``; its target count; and its detached predictions if ``keep_predictions`` else ``None``.
 
         Raises:
             TypeError: if ``loss_fn`` returns something other than a tensor.
@@ -110,10 +116,12 @@ class SegmentExecutor:
         loss: Any = 0.0
         if n:
             with self.model_call.autocast():
-                weighted = _checked(self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y)) * n
+                loss = _checked(self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y))
+                if not as_mean:  # a sum over the targets: the optimizer step divides by the count of all its windows
+                    loss = loss * n
             with profiled("tbptt.segment_backward"):
-                (self.scaler.scale(weighted) if self.scaler is not None else weighted).backward()
-            loss = weighted.detach()
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            loss = loss.detach()
         if plan.retained and (plan.loss_owed or requires_grad):
             # Paid at once, a segment only hands the sweep the gradient its input leaves received (none when they
             # take none: a window of one segment from its cut, as every window at k1 = k2).
@@ -126,8 +134,7 @@ class SegmentExecutor:
                     segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if n else None
             stream.history.append(segment)
         stream.hidden, stream.position = hidden_out, plan.end
-        stream.window_loss = running_sum(stream.window_loss, loss)
-        stream.window_targets += n
+        stream.window_loss.add(loss, n, as_mean)
         return loss, n, hs.detached(y_pred) if keep_predictions else None
 
     def close_window(self, start: int, cut: int, next_cut: int | None, recording: bool) -> list | None:
@@ -140,11 +147,6 @@ class SegmentExecutor:
         with profiled("tbptt.sweep"):
             self.stream.history.backward(start, cut, next_cut, reach)
         return reach
-
-
-def running_sum(total: Any, loss: Any) -> Any:
-    """``total + loss`` for running sums that start at 0.0, without a device operation for the first term."""
-    return loss if isinstance(total, float) and total == 0.0 else total + loss
 
 
 def _checked(loss: Any) -> torch.Tensor:

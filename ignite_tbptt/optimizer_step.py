@@ -1,6 +1,7 @@
 """The optimizer step of a TBPTT trainer: exact normalisation, unscaling, finiteness check, skip detection.
 
-Windows accumulate per-target *sums* of loss gradients in the parameters' ``.grad``; one optimizer step
+Windows accumulate per-target *sums* of loss gradients in the parameters' ``.grad`` (a window that is its step's
+only gradient, of one process, backpropagates its mean instead, and the step divides by one); one optimizer step
 follows every ``gradient_accumulation_steps`` windows (and the end of each epoch). In that order it sums the
 gradients and target counts of all processes (:mod:`ignite_tbptt.distributed`), unscales the gradients once
 (``GradScaler.unscale_``), divides them by the target count (the exact gradient of the mean per-target loss
@@ -44,18 +45,25 @@ class OptimizerStep:
         self.optimizer, self.scaler, self.accumulation = optimizer, scaler, accumulation
         self.windows = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
+        self.divided = False  # their gradients are already divided by it (one window backpropagated as its mean)
         self.distributed = False  # whether gradients are summed over processes, set when a run starts
         # Without a scaler: whether the optimizer skips a step on the device, given optimizer.found_inf.
         self.skips_on_device = scaler is None and skips_on_device(optimizer)
-        self._found_inf: list[tuple[torch.Tensor, str]] = []  # device decisions not yet read, with their step
+        self._found_inf: list[tuple[torch.Tensor, tuple]] = []  # device decisions not yet read, with their step
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters the optimizer updates, in its order."""
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
+    @property
+    def one_window_per_step(self) -> bool:
+        """Whether each step applies one window of this process alone, so a window may backpropagate its mean."""
+        return self.accumulation == 1 and not self.distributed
+
     def reset(self) -> None:
         """Forget windows whose gradients were accumulated but not applied."""
         self.windows = self.targets = 0
+        self.divided = False
 
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients."""
@@ -78,11 +86,12 @@ class OptimizerStep:
         Raises:
             FloatingPointError: without a scaler, if the gradients hold inf or NaN; the step is not taken.
         """
-        targets = self.targets
+        targets, divided = self.targets, self.divided
         self.reset()
         params = self.parameters()
         if self.distributed:
             targets = distributed.all_reduce_gradients(params, targets)
+        divisor = 1 if divided else targets
         if not targets:  # only padding: nothing to learn, and momentum or weight decay must not move
             return
         if self.scaler is not None:
@@ -91,13 +100,14 @@ class OptimizerStep:
         found_inf = None
         if grads:
             if self.scaler is not None:  # the scaler checked them while unscaling
-                torch._foreach_div_(grads, targets)
+                if divisor != 1:
+                    torch._foreach_div_(grads, divisor)
             elif self.skips_on_device:
                 earlier = self._found_inf[-1][0] if self._found_inf else None
-                found_inf = divide_and_check(grads, targets, earlier)
-                self._found_inf.append((found_inf, _where(engine)))
-            elif divide_and_check(grads, targets).item():  # one read per step, as GradScaler makes
-                raise _non_finite(_where(engine))
+                found_inf = divide_and_check(grads, divisor, earlier)
+                self._found_inf.append((found_inf, _counters(engine)))
+            elif divide_and_check(grads, divisor).item():  # one read per step, as GradScaler makes
+                raise _non_finite(_where(*_counters(engine)))
         engine.state.step_targets = targets
         engine.state.optimizer_step += 1
         fire(engine, TBPTTEvents.OPTIMIZER_STEP_STARTED)
@@ -128,8 +138,8 @@ class OptimizerStep:
             return None
         decisions, self._found_inf = self._found_inf, []
         refused = torch.stack([found for found, _ in decisions]).tolist()
-        first = next((where for value, (_, where) in zip(refused, decisions) if value), None)
-        return None if first is None else _non_finite(first, later_skipped=True)
+        first = next((counters for value, (_, counters) in zip(refused, decisions) if value), None)
+        return None if first is None else _non_finite(_where(*first), later_skipped=True)
 
     def state_dict(self) -> dict[str, Any]:
         """Accumulated windows, their target count and gradients, and the scaler's state."""
@@ -173,11 +183,13 @@ def skips_on_device(optimizer: Any) -> bool:
         return False
 
 
-def _where(engine: Engine) -> str:
-    return (
-        f"optimizer step {engine.state.optimizer_step + 1} (window {engine.state.window}, iteration "
-        f"{engine.state.iteration})"
-    )
+def _counters(engine: Engine) -> tuple[int, int, int]:
+    # The step about to be taken; formatted only if it is refused.
+    return engine.state.optimizer_step + 1, engine.state.window, engine.state.iteration
+
+
+def _where(step: int, window: int, iteration: int) -> str:
+    return f"optimizer step {step} (window {window}, iteration {iteration})"
 
 
 def _non_finite(where: str, later_skipped: bool = False) -> FloatingPointError:

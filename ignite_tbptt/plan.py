@@ -39,6 +39,7 @@ class SegmentPlan:
         end: end (exclusive) of the segment.
         window_end: end of the segment's window if known when the segment runs, else ``None`` (the window
             continues into a later batch of a stream whose length is unknown).
+        opens_window: the segment is the first of its window.
         closes_window: the window's backward sweep runs right after this segment.
         own_loss_only: the segment lies before the window's cut (k2 < k1): it gets only its own loss's gradient.
         backward_now: its loss is backpropagated through the whole segment at once, so no loss gradient is owed.
@@ -52,6 +53,7 @@ class SegmentPlan:
     start: int
     end: int
     window_end: int | None
+    opens_window: bool
     closes_window: bool
     own_loss_only: bool
     backward_now: bool
@@ -64,6 +66,11 @@ class SegmentPlan:
     def loss_owed(self) -> bool:
         """Whether the gradient of its predictions waits for the window's backward sweep."""
         return not self.backward_now
+
+    @property
+    def whole_window(self) -> bool:
+        """Whether the segment is its window, backpropagated at once: its loss is all the window's gradient."""
+        return self.opens_window and self.closes_window and self.backward_now and not self.own_loss_only
 
     @property
     def retained(self) -> bool:
@@ -130,6 +137,7 @@ def plan_segment(
         start=step,
         end=end,
         window_end=window_end,
+        opens_window=step == window.start,
         closes_window=closes_window,
         own_loss_only=own_loss_only,
         backward_now=own_loss_only or (not deferred and closes_window and not reached_later),

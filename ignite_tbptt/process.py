@@ -15,8 +15,9 @@ from . import hidden as hs
 from .backward_sweep import RetainedHistory, reach_profile
 from .batch import check_pair, check_resettable, default_reset_hidden, split_batch, start_rows
 from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
-from .executor import SegmentExecutor, profiled, running_sum
+from .executor import SegmentExecutor, profiled
 from .forward import ModelCall
+from .loss_sum import LossSum
 from .optimizer_step import OptimizerStep
 from .plan import plan_segment
 from .schedule import WindowSource
@@ -231,8 +232,7 @@ class TBPTTStep:
         sequence_starts = [offset + t for t in rows]
         keep_predictions = self.output_transform is not None
 
-        loss_sum: Any = 0.0
-        targets = 0
+        total = LossSum()
         y_preds: list[Any] = []
         while stream.position < batch_end and self._failed is None:
             if stream.window is None:
@@ -246,9 +246,13 @@ class TBPTTStep:
             x_seg = x.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
             y_seg = y.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
             resets = rows.get(plan.start - offset)
-            loss, n, y_pred = run(plan, x_seg, y_seg, resets, self._recording, keep_predictions)
-            loss_sum, targets = running_sum(loss_sum, loss), targets + n
+            # The optimizer step divides by the target count; a window that is a step's only gradient may
+            # backpropagate its mean loss instead, as a hand-written loop does.
+            as_mean = plan.whole_window and self.optim.one_window_per_step
+            loss, n, y_pred = run(plan, x_seg, y_seg, resets, self._recording, keep_predictions, as_mean)
+            total.add(loss, n, as_mean)
             self.optim.targets += n
+            self.optim.divided = as_mean
             engine.state.targets_seen += n
             y_preds.append(y_pred)
             if plan.closes_window:
@@ -259,7 +263,7 @@ class TBPTTStep:
         if self._failed is not None:  # a NaN output, so that ignite's TerminateOnNan ends the run here
             return float("nan")
 
-        loss = loss_sum / targets if targets else torch.tensor(float("nan"))
+        loss = total.mean()
         if self.output_transform is None:
             return loss.item()
         return self.output_transform(x, y, hs.cat(y_preds, self.time_dim), loss)
@@ -284,13 +288,12 @@ class TBPTTStep:
         engine.state.gradient_reach = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0
-            engine.state.gradient_reach = reach_profile(reach, end, stream.window_targets, scale)
+            engine.state.gradient_reach = reach_profile(reach, end, stream.window_loss.divisor, scale)
         stream.window = None
         if self.optim.window_completed():
             self._optimizer_step(engine)
-        targets = stream.window_targets
-        engine.state.window_loss = stream.window_loss / targets if targets else torch.tensor(float("nan"))
-        engine.state.window_targets = targets
+        engine.state.window_loss = stream.window_loss.mean()
+        engine.state.window_targets = stream.window_loss.targets
         engine.state.window_bounds = (start, end, cut)
         if listened(engine, TBPTTEvents.WINDOW_COMPLETED, Tbptt_Events.TIME_ITERATION_COMPLETED):
             # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from . import hidden as hs
 from .backward_sweep import RetainedHistory
+from .loss_sum import LossSum
 from .schedule import Window, WindowSource
 
 __all__ = ["StreamState"]
@@ -29,8 +30,7 @@ class StreamState:
         streams: parallel streams (batch size) of a carried stream, once known.
         hidden: the hidden state after the last step (``None`` at the stream's start).
         window: the open window, or ``None`` between windows.
-        window_loss: summed per-target loss of the open window's steps so far.
-        window_targets: targets of the open window's steps so far.
+        window_loss: the loss of the open window's steps so far, with their target count.
     """
 
     source: WindowSource
@@ -39,20 +39,19 @@ class StreamState:
     streams: int | None = None
     hidden: Any = None
     window: Window | None = None
-    window_loss: Any = 0.0
-    window_targets: int = 0
+    window_loss: LossSum = field(default_factory=LossSum)
 
     def reset(self) -> None:
         """Forget the stream: position 0, no hidden state, no retained history, no open window."""
         self.position, self.streams, self.hidden, self.window = 0, None, None, None
-        self.window_loss, self.window_targets = 0.0, 0
+        self.window_loss = LossSum()
         self.history.clear()
         self.source.reset()
 
     def open_window(self) -> Window:
         """Start the window that begins at the current position."""
         self.window = self.source.window(self.position)
-        self.window_loss, self.window_targets = 0.0, 0
+        self.window_loss = LossSum()
         return self.window
 
     def check_columns(self, x: torch.Tensor, time_dim: int) -> None:
@@ -85,8 +84,7 @@ class StreamState:
             "streams": self.streams,
             "hidden": hs.detached(self.hidden),
             "window": None if self.window is None else self.window.start,
-            "window_loss": self.window_loss,
-            "window_targets": self.window_targets,
+            **self.window_loss.state_dict(),
             "source": self.source.state_dict(),
             **self.history.state_dict(),
         }
@@ -100,5 +98,5 @@ class StreamState:
         self.source.load_state_dict(state.get("source", {}))  # absent in checkpoints written by 0.1.0
         self.position, self.streams, self.hidden = state["position"], state["streams"], state["hidden"]
         self.window = None if state["window"] is None else self.source.window(state["window"])
-        self.window_loss, self.window_targets = state["window_loss"], state["window_targets"]
+        self.window_loss.load_state_dict(state)
         self.history.load_state_dict(state)

@@ -20,10 +20,10 @@ from .helpers import make_batches, sgd
 from .reference import Net, cross_entropy
 
 
-def both(k=2, net=lambda: Net(), time_dim=0, optimizer=sgd):
+def both(k=2, net=lambda: Net(), time_dim=0, optimizer=sgd, dtype=torch.float64):
     """The two trainers, each with its own copy of the same model and an optimizer of the same kind."""
     torch.manual_seed(0)
-    model = net().double()
+    model = net().to(dtype)
     runs = {}
     for name in ("ignite", "ours"):
         m = copy.deepcopy(model)
@@ -90,6 +90,29 @@ def test_same_parameters_and_chunk_outputs(time_dim):
     assert outputs["ours"] == pytest.approx(outputs["ignite"], rel=1e-12)
     for p, q in zip(runs["ours"][0].parameters(), runs["ignite"][0].parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        lambda m: torch.optim.Adam(m.parameters(), lr=0.01),  # checked with one read per step
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True),  # skips on the device
+    ],
+    ids=["adam", "fused-sgd"],
+)
+def test_float32_parameters_equal_ignites_bit_for_bit(optimizer):
+    # A window alone in its step backpropagates its mean loss, as ignite's trainer does: no rounding of ours.
+    runs = both(k=3, optimizer=optimizer, dtype=torch.float32)
+    outputs = {}
+    for name, (_, _, trainer) in runs.items():
+        outputs[name] = []
+        trainer.add_event_handler(
+            Tbptt_Events.TIME_ITERATION_COMPLETED, lambda e, out=outputs[name]: out.append(e.state.output)
+        )
+        trainer.run([(x.float(), y) for x, y in make_batches([7, 9, 6])], max_epochs=2)
+    assert outputs["ours"] == outputs["ignite"]
+    for p, q in zip(runs["ours"][0].parameters(), runs["ignite"][0].parameters()):
+        assert p.dtype == torch.float32 and torch.equal(p, q)
 
 
 def test_window_completed_handlers_read_the_window_loss_as_output():
