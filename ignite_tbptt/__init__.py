@@ -8,9 +8,11 @@ from .events import TBPTTEvents
 from .metrics import BitsPerTarget, Perplexity
 from .plot import plot_columns, plot_reach, plot_schedule
 from .reach import GradientReach
+from .resume import load_checkpoint
 from .schedule import RandomWindows, Schedule, Window, WindowSource
 from .tensorboard import attach_tensorboard
 from .trainer import TBPTTStep, create_tbptt_trainer, default_model_fn, tbptt_training_step
+from .version import __version__ as __version__
 
 __all__ = [
     "create_tbptt_trainer",
@@ -35,5 +37,5 @@ __all__ = [
     "plot_columns",
     "plot_reach",
     "attach_tensorboard",
+    "load_checkpoint",
 ]
-__version__ = "0.2.0"

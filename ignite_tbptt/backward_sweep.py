@@ -266,31 +266,49 @@ class RetainedHistory:
 
         The forward passes run again with their saved weights, random state and input, under the same hooks as
         in training, which on a deterministic device gives the graphs of the uninterrupted run bit for bit. The
-        parameters are borrowed for this (older weights are copied in and out again) and end as they were.
+        parameters are borrowed for this (older weights are copied in and out again) and end as they were, also
+        when a forward pass raises: then no segment is kept.
+
+        Raises:
+            ValueError: if the history holds graphs of older weights (windows that reach back across optimizer
+                steps, k2 > k1) and this trainer's windows never do.
         """
         self.clear()
         if not state["segments"]:
             return
+        if state["weights"] and self.versions is None:
+            raise ValueError(
+                "the checkpoint retains graphs across optimizer steps (windows reaching back, k2 > k1), and this "
+                "trainer's windows never reach back: build it with the checkpoint's k1 and k2 to resume."
+            )
         params = self.parameters()
         current = [p.detach().clone() for p in params]
         loaded = state["current_weights"]  # the live parameters are the current weights
         self.model_call.model.train()
-        for saved in state["segments"]:
-            if saved["version"] != loaded:
-                if loaded is not None:
-                    self.versions.freeze()
-                load_weights(params, state["weights"][saved["version"]])
-                loaded = saved["version"]
-            version = self.versions.current if self.versions is not None else None
-            replay = Replay(
-                saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"], saved.get("starts")
-            )
-            segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], replay)
-            if not self.recompute:  # recomputation mode rebuilds graphs in the sweep anyway
-                segment.inputs, y_pred, hidden_out = self.replay(replay, keep_weights=self.versions is not None)
-                segment.outputs = hs.flatten(hidden_out)
-                segment.y_pred = hs.flatten(y_pred) if saved["y_grad"] is not None else None
-            self.append(segment)
-        if loaded != state["current_weights"]:
-            self.versions.freeze()
-            load_weights(params, current)
+        try:
+            for saved in state["segments"]:
+                if saved["version"] != loaded:
+                    if loaded is not None:
+                        self.versions.freeze()
+                    load_weights(params, state["weights"][saved["version"]])
+                    loaded = saved["version"]
+                self.append(self._rebuilt_segment(saved))
+        except BaseException:
+            self.clear()
+            raise
+        finally:
+            if loaded != state["current_weights"]:
+                self.versions.freeze()
+                load_weights(params, current)
+
+    def _rebuilt_segment(self, saved: dict[str, Any]) -> Segment:
+        version = self.versions.current if self.versions is not None else None
+        replay = Replay(
+            saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"], saved.get("starts")
+        )
+        segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], replay)
+        if not self.recompute:  # recomputation mode rebuilds graphs in the sweep anyway
+            segment.inputs, y_pred, hidden_out = self.replay(replay, keep_weights=self.versions is not None)
+            segment.outputs = hs.flatten(hidden_out)
+            segment.y_pred = hs.flatten(y_pred) if saved["y_grad"] is not None else None
+        return segment

@@ -10,6 +10,7 @@ import torch
 from ignite.engine import DeterministicEngine, Engine
 
 from .events import COUNTERS
+from .resume import check_resume
 
 if TYPE_CHECKING:
     from .process import TBPTTStep
@@ -30,10 +31,24 @@ class _StreamState:
 
     def state_dict(self) -> OrderedDict:
         state = super().state_dict()  # type: ignore[misc]
-        state["tbptt"] = self.tbptt.state_dict()
+        tbptt = self.tbptt.state_dict()
+        tbptt["configuration"] = {**tbptt["configuration"], "deterministic": self._deterministic}
+        state["tbptt"] = tbptt
         return state
 
+    @property
+    def _deterministic(self) -> bool:
+        return isinstance(self, DeterministicEngine)
+
     def load_state_dict(self, state_dict: Mapping) -> None:
+        # Refused before anything changes if made with another configuration (ignite_tbptt.resume); a trainer
+        # listed first in Checkpoint.load_objects' to_load leaves the model and optimizer untouched then too.
+        saved = state_dict.get("tbptt", {}).get("configuration")
+        if saved is not None:
+            given = {**self.tbptt.configuration, "deterministic": self._deterministic}
+            length, iteration = state_dict.get("epoch_length"), state_dict.get("iteration", 0)
+            epoch_end = iteration == 0 or (length is not None and iteration % length == 0)
+            check_resume(saved, given, state_dict["tbptt"], epoch_end)
         # A state saved by ignite's create_supervised_tbptt_trainer, or any plain Engine, has no TBPTT counters:
         # they start at 0, and the stream starts fresh at the saved epoch and iteration.
         missing = {name: 0 for name in (*COUNTERS, "targets_seen") if name not in state_dict}

@@ -20,6 +20,7 @@ from .forward import ModelCall
 from .loss_sum import LossSum
 from .optimizer_step import OptimizerStep
 from .plan import plan_segment
+from .resume import configuration
 from .schedule import WindowSource
 from .stream import StreamState
 from .versions import ParameterVersions
@@ -74,6 +75,8 @@ class TBPTTStep:
         versions = ParameterVersions(optimizer_step.parameters) if source.spans_windows else None
         history = RetainedHistory(model_call, optimizer_step.parameters, versions, recompute is not None)
         self.stream = StreamState(source, history)
+        # What checkpoints record, to refuse a resume into another configuration (ignite_tbptt.resume).
+        self.configuration = configuration(source, carry_hidden, recompute, optimizer_step.accumulation)
         self.executor = SegmentExecutor(model_call, loss_fn, self.stream, optimizer_step.scaler, target_count_fn)
         self._engine: Engine | None = None
         self._loaded: dict | None = None
@@ -178,14 +181,30 @@ class TBPTTStep:
         if engine.state.iteration == 0:
             _zero_counters(engine)
         if self._loaded is not None and engine.state.iteration > 0:
-            self.stream.load_state_dict(self._loaded)
-            self.optim.load_state_dict(self._loaded)
+            self._check_source(self._loaded)
+            try:
+                self.stream.load_state_dict(self._loaded)
+                self.optim.load_state_dict(self._loaded)
+            except BaseException:  # neither half of a checkpoint: the stream starts afresh
+                self._loaded = None
+                self.stream.reset()
+                self.optim.reset()
+                raise
             # A window left open goes on being recorded if it was (GradientReach, AdaptiveTruncation).
             self._recording = self.stream.window is not None and self._records(engine.state.window)
         else:
             self.stream.reset()
             self.optim.reset()
         self._loaded = None
+
+    def _check_source(self, state: dict[str, Any]) -> None:
+        saved = state.get("configuration", {}).get("source")
+        if saved is not None and saved != type(self.source).__name__ and state["position"] > 0:
+            self._loaded = None
+            raise ValueError(
+                f"the checkpoint's stream is under way with windows from {saved}, this trainer's come from "
+                f"{type(self.source).__name__}: attach the same handlers (e.g. AdaptiveTruncation) before resuming."
+            )
 
     def _epoch_started(self, engine: Engine) -> None:
         # A run resumed mid-epoch fires EPOCH_STARTED again; the restored stream goes on.
@@ -206,7 +225,9 @@ class TBPTTStep:
         starts, so that resuming gives the parameters of an uninterrupted run. ``create_tbptt_trainer``'s
         engine includes this in its own ``state_dict()``, so ignite's ``Checkpoint`` saves it.
         """
-        return {**self.stream.state_dict(), **self.optim.state_dict()}
+        # The source in use may be a handler's (AdaptiveTruncation), installed after the trainer was built.
+        record = {**self.configuration, "source": type(self.source).__name__}
+        return {"configuration": record, **self.stream.state_dict(), **self.optim.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state when the engine's next run starts (after model and optimizer load)."""

@@ -289,7 +289,9 @@ def create_tbptt_trainer(
             the hidden state changes shape between segments, ``starts`` is on another device than ``x``,
             ``loss_fn`` returns a tensor that is not 0-dim or has no graph, or (with ``carry_hidden=True``) a
             batch has another number of parallel streams than the epoch's first.
-            Batch errors are raised before the batch changes anything.
+            Batch errors are raised before the batch changes anything. From ``trainer.load_state_dict`` (ignite's
+            ``Checkpoint.load_objects``), before anything loads, if the checkpoint was made with another
+            configuration where that change is unsafe (:mod:`ignite_tbptt.resume`).
         FloatingPointError: without a ``scaler``, after an optimizer step whose gradients hold inf or NaN. The
             step is not taken, so the parameters keep their last finite values; no further window of the batch
             runs and the iteration's output is ``float("nan")``, so that ignite's ``TerminateOnNan`` ends the run

@@ -96,7 +96,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_by_every_documented_load_pa
         torch.load(path, weights_only=True)  # README and docs/howto/checkpoint.md
     with pytest.raises(pickle.UnpicklingError):
         Checkpoint.load_objects(to_load, str(path))  # ignite's own loader, given the path
-    with pytest.raises(SystemExit, match="refusing to resume from .*checkpoint_1.pt"):
+    with pytest.raises(SystemExit, match="refusing to load .*checkpoint_1.pt"):
         char_lm.main([*STREAM, "--epochs", "1", "--no-progress", "--logdir", str(tmp_path), "--resume", str(path)])
     assert RAN == []  # nothing ran
     torch.save(state, path)  # the same state without the payload loads on every path

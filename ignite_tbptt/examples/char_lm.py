@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import pickle
 import sys
 import sysconfig
 import time
@@ -53,6 +52,7 @@ from ignite_tbptt import (
     create_tbptt_trainer,
 )
 from ignite_tbptt.data import pack_sequences, stream_batches
+from ignite_tbptt.resume import load_checkpoint as read_checkpoint
 
 __all__ = ["STDLIB_MODULES", "stdlib_documents", "stdlib_corpus", "Vocabulary", "CharLSTM", "main"]
 
@@ -322,20 +322,15 @@ def new_run_dir(root: Path) -> Path:
 
 
 def load_checkpoint(path: Path, device: Any) -> dict:
-    """Read a checkpoint of this job with ``weights_only=True``: tensors and numbers only, so no code can run.
+    """Read a checkpoint of this job with ``weights_only=True`` (:func:`ignite_tbptt.load_checkpoint`).
 
     Raises:
         SystemExit: if the file cannot be read, or holds other objects (loading those could run code).
     """
     try:
-        return torch.load(path, map_location=device, weights_only=True)
-    except pickle.UnpicklingError as error:
-        raise SystemExit(
-            f"refusing to resume from {path}: it holds objects other than tensors and numbers, which could run "
-            f"code when loaded. Checkpoints this job writes never do. ({str(error).splitlines()[0]})"
-        ) from None
-    except (OSError, EOFError, RuntimeError) as error:
-        raise SystemExit(f"cannot read the checkpoint {path}: {error}") from None
+        return read_checkpoint(path, map_location=device)
+    except (OSError, ValueError) as error:
+        raise SystemExit(str(error)) from None
 
 
 def main(argv: list[str] | None = None) -> dict:

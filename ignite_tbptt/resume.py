@@ -1,0 +1,113 @@
+"""What a trainer's checkpoint was made with, and which changes a resumed run may make.
+
+A trainer's ``state_dict`` records its configuration beside the stream it saves: the windows it was built with
+(type and parameters), ``carry_hidden``, ``recompute``, ``gradient_accumulation_steps``, ``deterministic`` and the
+package version. Loading it compares that record with the trainer it is loaded into and raises before anything
+changes, naming both values, unless the change is safe where the checkpoint was taken:
+
+- the windows, ``recompute`` and ``carry_hidden`` may change between streams: at an epoch's end with
+  ``carry_hidden=True``, or between any two batches with ``carry_hidden=False`` on both sides (a stream under way
+  holds hidden state, retained graphs and windows planned by the old configuration);
+- ``gradient_accumulation_steps`` may change where no window waits for its optimizer step;
+- ``deterministic`` may change at an epoch's end (ignite's ``DeterministicEngine`` and ``Engine`` find a
+  mid-epoch batch differently);
+- the package version and ``RandomWindows``' seed are recorded only (the draws go on from the saved generator).
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .version import __version__
+
+__all__ = ["configuration", "check_resume", "load_checkpoint"]
+
+
+def configuration(windows: Any, carry_hidden: bool, recompute: int | None, accumulation: int) -> dict[str, Any]:
+    """The record of a trainer's configuration that its checkpoints carry (``deterministic`` is the engine's)."""
+    return {
+        "version": __version__,
+        "windows": {"type": type(windows).__name__, **windows.hparams()},
+        "carry_hidden": carry_hidden,
+        "recompute": recompute,
+        "gradient_accumulation_steps": accumulation,
+    }
+
+
+def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str, Any], epoch_end: bool) -> None:
+    """Refuse to resume a checkpoint whose configuration differs from the trainer's where the change is unsafe.
+
+    Args:
+        saved: the checkpoint's :func:`configuration`, with ``deterministic``.
+        given: the trainer's, alike.
+        stream: the checkpoint's stream state (:meth:`TBPTTStep.state_dict`).
+        epoch_end: whether the checkpoint was taken at an epoch's end.
+
+    Raises:
+        ValueError: naming each unsafe difference, its saved and its given value, and how to proceed.
+    """
+    between_streams = stream.get("position", 0) == 0 or not (saved["carry_hidden"] or given["carry_hidden"])
+    allowed = {
+        "windows": between_streams,
+        "recompute": between_streams,
+        "carry_hidden": stream.get("position", 0) == 0,
+        "gradient_accumulation_steps": stream.get("group_windows", 0) == 0,
+        "deterministic": epoch_end,
+    }
+    problems = []
+    for name, safe in allowed.items():
+        old, new = _compared(name, saved.get(name)), _compared(name, given.get(name))
+        if old != new and not safe:
+            problems.append(f"{name}: saved {_shown(saved.get(name))}, given {_shown(given.get(name))}")
+    if problems:
+        raise ValueError(
+            f"the checkpoint (ignite-tbptt {saved.get('version', '?')}) was made with another configuration than this "
+            f"trainer's, and was taken where the change is unsafe: {'; '.join(problems)}. Build the trainer as the "
+            "checkpoint was made to resume it; to train on with the new configuration, load only the model and the "
+            "optimizer. Which changes are safe where is listed in docs/howto/checkpoint.md."
+        )
+
+
+def _compared(name: str, value: Any) -> Any:
+    # RandomWindows' seed only chose the first draws; a resumed run goes on from the saved generator.
+    if name == "windows" and isinstance(value, dict):
+        return {k: v for k, v in value.items() if k != "seed"}
+    return value
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, dict) and "type" in value:
+        return f"{value['type']}({', '.join(f'{k}={v}' for k, v in value.items() if k != 'type')})"
+    return repr(value)
+
+
+def load_checkpoint(path: str | Path, map_location: Any = None) -> dict[str, Any]:
+    """Read a checkpoint with ``torch.load(path, weights_only=True)``, for ``Checkpoint.load_objects(to_load, ...)``.
+
+    Every checkpoint a trainer writes holds only tensors, numbers, strings and containers of them, which
+    ``weights_only=True`` reads without running any code.
+
+    Args:
+        path: the file.
+        map_location: as ``torch.load``'s, e.g. the device to resume on.
+
+    Returns:
+        The checkpoint's dict (``{"trainer": ..., "model": ..., "optimizer": ...}`` as ``Checkpoint`` wrote it).
+
+    Raises:
+        ValueError: if the file holds other objects (unpickling those could run code): nothing of it ran.
+        OSError: if the file is missing, truncated or not a checkpoint; the message names it.
+    """
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as error:
+        raise ValueError(
+            f"refusing to load {path}: it holds objects other than tensors and numbers, which could run code when "
+            f"loaded. Checkpoints of ignite-tbptt's trainers never do. ({str(error).splitlines()[0]})"
+        ) from None
+    except (OSError, EOFError, RuntimeError) as error:
+        raise OSError(f"cannot read the checkpoint {path}: {error}") from None
