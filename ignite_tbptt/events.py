@@ -18,7 +18,8 @@ class TBPTTEvents(EventEnum):
 
     - ``engine.state.window``: windows started. ``WINDOW_STARTED`` fires before the window's first model call,
       ``WINDOW_COMPLETED`` after its backward pass and, when the window completes an accumulation, after the
-      optimizer step. ``engine.state.window_loss`` then holds the window's mean per-target loss (a 0-dim tensor).
+      optimizer step. ``engine.state.window_loss`` then holds the window's mean per-target loss (a 0-dim tensor;
+      0.0 for a window of padding only, whose ``engine.state.window_targets`` is 0).
     - ``engine.state.optimizer_step``: optimizer steps. ``OPTIMIZER_STEP_STARTED`` fires once the gradients are
       final (summed over the accumulated windows, divided by their target count, unscaled by the
       ``GradScaler``) and before ``optimizer.step()``: attach gradient clipping and gradient logging here.

@@ -50,9 +50,13 @@ class LossSum:
         return stacked.sum()
 
     def mean(self) -> torch.Tensor:
-        """The mean per-target loss, a 0-dim tensor (NaN without targets)."""
+        """The mean per-target loss, a 0-dim tensor.
+
+        Without targets (a window or a batch of padding only) it is 0.0: nothing was learned, and padding must not
+        read as a failed step to ignite's ``TerminateOnNan``, which a NaN would.
+        """
         if not self.targets:
-            return torch.tensor(float("nan"))
+            return torch.tensor(0.0)
         return self.losses[0] if self.divisor == 1 else self.total() / self.targets
 
     def state_dict(self) -> dict[str, Any]:

@@ -100,6 +100,10 @@ class _ReachLog:
             self.profiles = []
 
 
+def _learned(engine: Engine, window: int, every: int) -> bool:
+    return window % every == 0 and engine.state.window_targets > 0
+
+
 def attach_tensorboard(
     trainer: TBPTTEngine | DeterministicTBPTTEngine,
     logger: str | Path | TensorboardLogger,
@@ -115,7 +119,8 @@ def attach_tensorboard(
     Everything goes through ignite's ``TensorboardLogger`` (``OutputHandler`` with state attributes). Every
     ``every`` windows (``TBPTTEvents.WINDOW_COMPLETED``), under ``train/``:
 
-    - ``window_loss``: the window's mean per-target loss (nats for cross-entropy);
+    - ``window_loss``: the window's mean per-target loss (nats for cross-entropy); windows of padding only
+      (packed sequences) log none of the curves in this list;
     - ``grad_norm``: total 2-norm of the last optimizer step's gradients, before clipping (after unscaling);
     - ``lr/group_i``: each parameter group's learning rate (ignite's ``OptimizerParamsHandler``);
     - ``loss_scale``: the ``GradScaler``'s scale, when the trainer has one;
@@ -175,9 +180,9 @@ def attach_tensorboard(
     window_event = TBPTTEvents.WINDOW_COMPLETED(every=every)
     trainer.add_event_handler(window_event, telemetry)
     attributes = [a for a in _TRAIN_ATTRIBUTES if a != "loss_scale" or trainer.tbptt.scaler is not None]
-    tb.attach_output_handler(
-        trainer, window_event, tag="train", state_attributes=attributes, global_step_transform=step
-    )
+    # A window of padding only (packed sequences) learned nothing: its loss of 0.0 would draw a false dip.
+    learned = TBPTTEvents.WINDOW_COMPLETED(event_filter=lambda engine, window: _learned(engine, window, every))
+    tb.attach_output_handler(trainer, learned, tag="train", state_attributes=attributes, global_step_transform=step)
     lr_event: Any = window_event
     if x_axis == "tokens":
         trainer.register_events(*_TokensLogged, event_to_attr={_TokensLogged.TRAIN: "targets_seen"})

@@ -249,7 +249,9 @@ def create_tbptt_trainer(
 
     Returns:
         A :class:`~ignite_tbptt.TBPTTEngine` (an ignite ``Engine``; :class:`~ignite_tbptt.DeterministicTBPTTEngine`
-        with ``deterministic=True``); ``engine.state.output`` after an iteration is ``output_transform``'s value.
+        with ``deterministic=True``); ``engine.state.output`` after an iteration is ``output_transform``'s value
+        (by default the batch's mean per-target loss as a float; 0.0 for a batch of padding only, so that ignite's
+        ``TerminateOnNan`` runs a packed epoch to its end).
         It fires :class:`~ignite_tbptt.TBPTTEvents` (counters ``engine.state.window`` and
         ``engine.state.optimizer_step``, saved in ``engine.state_dict()``) and ignite's ``Tbptt_Events``, with
         ``engine.state.output`` the window's mean per-target loss as a float and ``engine.state.window_bounds``

@@ -200,3 +200,50 @@ def test_padding_targets_never_read_as_a_real_token(dtype):
     assert y.dtype == (dtype if dtype in (torch.int16, torch.int64) else torch.int64)  # -100 fits, or promoted
     assert y[1:, 1].tolist() == [-100, -100]  # the second column's padding
     assert y[:, 0].tolist() == [0, 1, 1] and y[0, 1].item() == 1  # real targets keep their values
+
+
+def test_terminate_on_nan_runs_shuffled_packed_epochs_to_the_end():
+    # Shuffled packing pads every epoch to the longest packing any order can give, so an epoch may end in
+    # batches of padding only; they train nothing and output 0.0, not a NaN that TerminateOnNan would stop on.
+    from ignite.engine import Events
+    from ignite.handlers import TerminateOnNan
+
+    from ignite_tbptt import create_tbptt_trainer
+
+    g = torch.Generator().manual_seed(1)
+    sequences = [torch.randint(0, 16, (int(n),), generator=g) for n in torch.randint(3, 80, (30,), generator=g)]
+    batches = pack_sequences(sequences, 4, 10, shuffle=True, seed=0)
+    model = TokenGRU()
+    trainer = create_tbptt_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        lambda y_pred, y: torch.nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten()),
+        5,
+        carry_hidden=True,
+        target_count_fn=lambda y_pred, y: int((y != -100).sum()),
+    )
+    trainer.add_event_handler(Events.EPOCH_STARTED, lambda e: batches.set_epoch(e.state.epoch - 1))
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, TerminateOnNan())
+    padding_only = []
+
+    @trainer.on(Events.ITERATION_COMPLETED)
+    def record(engine):
+        if (engine.state.batch[1] == -100).all():
+            padding_only.append((engine.state.epoch, engine.state.output))
+
+    state = trainer.run(batches, max_epochs=3)
+    assert (state.epoch, state.iteration) == (3, 3 * len(batches))
+    assert len(padding_only) >= 3 and all(output == 0.0 for _, output in padding_only)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class TokenGRU(torch.nn.Module):
+    def __init__(self, vocab=16, hidden=8):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(vocab, hidden)
+        self.rnn = torch.nn.GRU(hidden, hidden)
+        self.readout = torch.nn.Linear(hidden, vocab)
+
+    def forward(self, x, hidden=None):
+        out, hidden = self.rnn(self.embedding(x), hidden)
+        return self.readout(out), hidden

@@ -176,3 +176,23 @@ def test_gradient_reach_is_logged_as_a_scalar_per_recorded_window_and_a_picture(
     assert {e.step: pytest.approx(e.value, rel=1e-5) for e in scalars} == expected
     assert all(0 < v <= 1 for v in expected.values())
     assert "gradient_reach" in events.Tags()["images"]
+
+
+def test_windows_of_padding_only_log_no_curve(tmp_path):
+    # Packed sequences end in padding: windows 4 to 6 (steps 6-11) have no target to learn from.
+    torch.manual_seed(0)
+    model = Net()
+    x, y = make_batches([12])[0]
+    y[6:] = -100
+    trainer = create_tbptt_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        lambda y_pred, y: torch.nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten()),
+        2,
+        target_count_fn=lambda y_pred, y: int((y != -100).sum()),
+    )
+    logger = attach_tensorboard(trainer, tmp_path)
+    trainer.run([(x.float(), y)])
+    logger.close()
+    assert trainer.state.window == 6 and trainer.state.output > 0
+    assert [e.step for e in read(tmp_path).Scalars("train/window_loss")] == [1, 2, 3]
