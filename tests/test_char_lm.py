@@ -79,7 +79,19 @@ def test_documents_are_packed_with_a_reset_at_each_start(tmp_path, capsys):
         paths.append(tmp_path / f"doc{i}.txt")
         paths[-1].write_text(sentence * (60 + 40 * i), encoding="utf-8")
     args = ["--text", *map(str, paths), "--batch-size", "2", "--seq-len", "40", "--hidden", "64", "--embedding", "16"]
-    args += ["--valid-fraction", "0.2", "--k1", "8", "--k2", "12", "--epochs", "2", "--no-progress"]
+    args += [
+        "--layout",
+        "documents",
+        "--valid-fraction",
+        "0.2",
+        "--k1",
+        "8",
+        "--k2",
+        "12",
+        "--epochs",
+        "2",
+        "--no-progress",
+    ]
     history = char_lm.main([*args, "--reach", "3", "--adaptive", "0.01", "--k2-max", "30", "--logdir", str(tmp_path)])
     events = EventAccumulator(str(tmp_path))
     events.Reload()
@@ -103,3 +115,14 @@ def test_every_run_logs_to_a_directory_of_its_own(tmp_path, monkeypatch):
     assert first != second and first.parent == second.parent == Path("runs")
     assert sorted(first.iterdir()) == written  # the second run added nothing to the first's curves
     assert list(second.glob("events.out.tfevents.*"))
+
+
+def test_one_large_file_trains_in_every_column_and_the_default_corpus_as_documents(tmp_path, capsys):
+    # Packed as one document it would train in one column, the batch size ignored: auto cuts it into streams.
+    path = tmp_path / "book.txt"
+    path.write_text("it was the best of times, it was the worst of times. " * 400, encoding="utf-8")
+    _, train, valid, _ = char_lm.load_data(char_lm.parse_args(["--text", str(path), "--batch-size", "6"]))
+    assert len(train) > 1 and all(x.shape[1] == 6 for x, _ in train)
+    assert "stream layout (auto: 1 training documents for 6 columns)" in capsys.readouterr().out
+    _, train, _, _ = char_lm.load_data(char_lm.parse_args([]))  # 34 modules of the standard library
+    assert "documents layout" in capsys.readouterr().out and train.batch_size == 12

@@ -7,7 +7,9 @@ held out for validation. The documents are packed into ``--batch-size`` columns 
 carries the hidden state along a column across batches (``carry_hidden=True``) and resets it where a document
 starts, so that no module's state or gradient runs into the next one. By default every step's loss reaches
 back at least ``k2 - k1`` steps. ``--layout stream`` instead joins the documents into one text cut into
-``--batch-size`` contiguous columns (the classic language-model layout, :func:`~ignite_tbptt.data.stream_batches`).
+``--batch-size`` contiguous columns (the classic language-model layout, :func:`~ignite_tbptt.data.stream_batches`);
+the default ``--layout auto`` takes it where the documents would fill fewer columns than ``--batch-size``, or
+keep less than 90% of the characters (one large ``--text`` file, or a few of very different lengths).
 
 Run::
 
@@ -116,6 +118,9 @@ def stdlib_corpus() -> str:
     return "\n".join(stdlib_documents())
 
 
+AUTO_KEPT = 0.9  # the least share of the training characters the documents layout must keep to be chosen
+
+
 def split_documents(documents: list[str], fraction: float) -> tuple[list[str], list[str]]:
     """Hold out the last ``fraction`` of the characters: the document it falls in is split in two there."""
     split = int(sum(len(d) for d in documents) * (1 - fraction))
@@ -199,10 +204,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters of the documents")
     p.add_argument(
         "--layout",
-        choices=("documents", "stream"),
-        default="documents",
-        help="documents: packed into columns, hidden state reset at each document's start (default);\n"
-        "stream: the documents joined into one text cut into --batch-size columns",
+        choices=("auto", "documents", "stream"),
+        default="auto",
+        help="documents: packed into columns, hidden state reset at each document's start;\n"
+        "stream: the documents joined into one text cut into --batch-size columns;\n"
+        f"auto (default): documents, unless they fill fewer than --batch-size columns or keep less than "
+        f"{AUTO_KEPT:.0%} of the characters (one large file, say), then stream",
     )
     p.add_argument("--valid-fraction", type=float, default=0.05, help="tail of the text held out for validation")
     p.add_argument("--k1", type=int, default=25, help="steps between backward passes (default 25)")
@@ -260,25 +267,38 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
         documents = ["\n".join(documents)]
     train_docs, valid_docs = split_documents(documents, args.valid_fraction)
     vocab = Vocabulary("".join(train_docs))
-    if args.layout == "stream":
-        train = stream_batches(vocab.encode(train_docs[0]), args.batch_size, args.seq_len)
-        valid = stream_batches(vocab.encode(valid_docs[0]), min(args.batch_size, 8), args.seq_len)
-    else:
+    layout, why = args.layout, ""
+    if layout != "stream":
         # Longest first: each next document goes to the column that frees first, so the columns end close
         # together; the epoch ends where the first runs out, rather than training on the last few alone.
         train_docs = sorted(train_docs, key=len, reverse=True)
         columns = min(args.batch_size, len(train_docs))  # no column without a document
         train = pack_sequences([vocab.encode(d) for d in train_docs], columns, args.seq_len, drop_last=True)
+        kept = train.steps * columns / max(1, sum(len(d) - 1 for d in train_docs))
+        if layout == "auto" and (columns < args.batch_size or kept < AUTO_KEPT):
+            # One large file, or a few of very different lengths, would train in few columns or drop most of
+            # the longest documents: one stream cut into --batch-size columns uses every character.
+            why = (
+                f" (auto: {len(train_docs)} training documents for {args.batch_size} columns)"
+                if columns < args.batch_size
+                else f" (auto: packed, the documents would keep only {kept:.0%} of the characters)"
+            )
+            layout, train_docs, valid_docs = "stream", ["\n".join(train_docs)], ["\n".join(valid_docs)]
+        layout = "stream" if layout == "stream" else "documents"
+    if layout == "stream":
+        train = stream_batches(vocab.encode(train_docs[0]), args.batch_size, args.seq_len)
+        valid = stream_batches(vocab.encode(valid_docs[0]), min(args.batch_size, 8), args.seq_len)
+    else:
         valid_columns = min(args.batch_size, len(valid_docs))
         valid = pack_sequences([vocab.encode(d) for d in valid_docs], valid_columns, args.seq_len)
     valid_text = "".join(d[1:] for d in valid_docs)  # the characters predicted: all but each document's first
     unigram = vocab.unigram_bpc(valid_text)
     # Every column is full in every step of a drop_last epoch: no need to build the batches to count.
-    used = train.steps * train.batch_size if args.layout == "documents" else sum(y.numel() for _, y in train)
+    used = train.steps * train.batch_size if layout != "stream" else sum(y.numel() for _, y in train)
     (print if idist.get_rank() == 0 else lambda *_, **__: None)(
         f"{sum(map(len, train_docs)):,} training characters in {len(train_docs)} documents ({used:,} predicted per "
         f"epoch), {len(valid_text):,} validation characters, {len(vocab)} symbols; unigram model: {unigram:.2f} "
-        f"bits/char; TBPTT(k1={args.k1}, k2={args.k2}), {args.layout} layout",
+        f"bits/char; TBPTT(k1={args.k1}, k2={args.k2}), {layout} layout{why}",
         flush=True,
     )
     return vocab, train, valid, unigram
