@@ -5,7 +5,8 @@ from .clipping import GradientClipping, gradient_norm
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
-from .metrics import BitsPerTarget, Perplexity
+from .masked import count_targets, masked_loss
+from .metrics import BitsPerTarget, LossPerTarget, Perplexity
 from .plot import plot_columns, plot_reach, plot_schedule
 from .reach import GradientReach
 from .resume import load_checkpoint
@@ -28,6 +29,7 @@ __all__ = [
     "WindowSource",
     "default_model_fn",
     "create_tbptt_evaluator",
+    "LossPerTarget",
     "BitsPerTarget",
     "Perplexity",
     "GradientClipping",
@@ -38,4 +40,6 @@ __all__ = [
     "plot_reach",
     "attach_tensorboard",
     "load_checkpoint",
+    "masked_loss",
+    "count_targets",
 ]

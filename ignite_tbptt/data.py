@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable, Iterator, Sized
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
 
-from .checks import positive_int
+from .packing import Packing, holds
 
-__all__ = ["stream_batches", "pack_sequences", "PackedSequences"]
+__all__ = ["stream_batches", "pack_sequences", "PackedSequences", "pack_recordings", "PackedRecordings"]
 
 
 def stream_batches(tokens: torch.Tensor, batch_size: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -121,7 +120,7 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
     return PackedSequences(sequences, batch_size, length, **options)
 
 
-class PackedSequences:
+class PackedSequences(Packing):
     """The re-iterable batches of :func:`pack_sequences`; its arguments are documented there.
 
     ``len()`` is the number of batches per epoch when ``sequences`` has a length (it reads every sequence's
@@ -144,83 +143,144 @@ class PackedSequences:
         drop_last: bool = False,
         align: int = 1,
     ) -> None:
-        self.sequences = sequences
-        self.batch_size = positive_int("batch_size", batch_size, "columns")
-        self.length = positive_int("length", length, "steps per batch")
-        self.align = positive_int("align", align, "steps, e.g. k1")
-        self.ignore_index, self.pad_value, self.shuffle, self.seed = ignore_index, pad_value, shuffle, seed
-        self.drop_last = drop_last
-        if shuffle and not (isinstance(sequences, Sized) and hasattr(sequences, "__getitem__")):
-            raise TypeError(
-                f"shuffle=True needs sequences with len() and indexing (a list, a Dataset), got "
-                f"{type(sequences).__name__}; shuffle it yourself or pass shuffle=False."
-            )
-        self.epoch = 0
-        self._steps: list[int] | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order ``shuffle`` draws (call it on ``Events.EPOCH_STARTED``)."""
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return -(-self.steps // self.length)
+        super().__init__(sequences, batch_size, length, shuffle=shuffle, seed=seed, drop_last=drop_last, align=align)
+        self.ignore_index, self.pad_value = ignore_index, pad_value
 
     @property
-    def steps(self) -> int:
-        """Steps of an epoch in every column (``len()`` batches of ``length`` steps, the last maybe shorter).
+    def sequences(self) -> Iterable[torch.Tensor]:
+        """The token sequences."""
+        return self.items
 
-        Raises:
-            TypeError: if ``sequences`` has no length.
-        """
-        if not isinstance(self.sequences, Sized):
-            raise TypeError(f"the batches of {type(self.sequences).__name__} have no length; pass a list.")
-        if self._steps is None:
-            self._steps = [max(0, _checked(s, i).numel() - 1) for i, s in enumerate(self.sequences)]
-        steps = [_aligned(n, self.align) for n in self._steps if n]
-        if not steps:
-            return 0
-        columns, total, longest = self.batch_size, sum(steps), max(steps)
-        if self.shuffle and self.drop_last:
-            return max(0, -(-(total - (columns - 1) * longest) // columns))
-        if self.shuffle:
-            return (total - longest) // columns + longest
-        first_free, last_free = _column_ends(steps, columns)
-        return first_free if self.drop_last else last_free
+    def steps_of(self, item: Any, index: int) -> int:
+        """A sequence of ``n`` tokens gives ``n - 1`` steps (none if shorter than two tokens)."""
+        return max(0, _checked(item, index).numel() - 1)
 
-    def _order(self) -> Iterator[torch.Tensor]:
-        if not self.shuffle:
-            return iter(self.sequences)
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return (self.sequences[i] for i in torch.randperm(len(self.sequences), generator=generator).tolist())
+    def pairs(self, items: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Each sequence as ``(x, y)``: its tokens but the last, and the tokens one step ahead."""
+        for i, tokens in enumerate(items):
+            if _checked(tokens, i).numel() >= 2:
+                yield tokens[:-1], tokens[1:]
 
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        # With shuffle, every order is padded to the same number of steps, the most any order can need.
-        steps = self.steps if self.shuffle else None
-        return _pack(
-            self._order(),
-            self.batch_size,
-            self.length,
-            self.ignore_index,
-            self.pad_value,
-            steps,
-            self.drop_last,
-            self.align,
-        )
+    def padding(self, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any, torch.dtype]:
+        """``pad_value`` and ``ignore_index``, ``y`` promoted to int64 where its dtype cannot hold the latter."""
+        return self.pad_value, self.ignore_index, y.dtype if holds(y.dtype, self.ignore_index) else torch.int64
 
 
-def _holds(dtype: torch.dtype, value: int) -> bool:
-    """Whether ``dtype`` represents ``value`` exactly, so that padding targets never equal a real token."""
-    if dtype == torch.bool:
-        return False
-    if dtype.is_floating_point or dtype.is_complex:
-        return True
-    info = torch.iinfo(dtype)
-    return info.min <= value <= info.max
+def pack_recordings(
+    recordings: Iterable[tuple[torch.Tensor, torch.Tensor]], batch_size: int, length: int, **options: Any
+) -> PackedRecordings:
+    """Pack variable-length recordings ``(x, y)`` of any trailing shapes into ``batch_size`` columns.
+
+    :func:`pack_sequences` for data that is not one token stream: sensor channels with their labels, multi-hot
+    frames of music, episodes of observations and targets. Each recording is a pair of tensors with the same
+    number of steps ``T_i`` along dimension 0, features ``x`` of shape ``(T_i, *F)`` and targets ``y`` of shape
+    ``(T_i, *G)`` (``y`` is given, not shifted from ``x``). They are packed into columns exactly as token
+    sequences are (the next goes to the column that frees first, ``starts`` True at its first step; ``shuffle``,
+    ``drop_last`` and ``align`` as there), and the steps no recording fills are padding.
+
+    The padded targets say which steps are padding, with no mask to carry: NaN for floating-point targets (real
+    values, multi-hot frames; bool targets become float32), ``ignore_index`` for integer class indices (promoted
+    to int64 where the dtype cannot hold it). :func:`~ignite_tbptt.masked_loss` and
+    :func:`~ignite_tbptt.count_targets` read them so, for the trainer (``target_count_fn``) and the
+    metrics, which count only real targets by default.
+
+    Args:
+        recordings: pairs ``(x, y)``; recordings without steps are skipped. Indexable with a length if
+            ``shuffle`` is True.
+        batch_size: number of columns ``B``.
+        length: steps per batch ``T``; the last batch of an epoch may be shorter.
+        **options: keyword-only: ``x_pad`` (the features' padding value, default 0), ``y_pad`` (the targets',
+            default NaN or ``ignore_index`` as above), ``ignore_index`` (default -100), and ``shuffle``, ``seed``,
+            ``drop_last``, ``align`` as for :func:`pack_sequences`.
+
+    Returns:
+        A :class:`PackedRecordings`: iterating it yields ``(x, y, starts)``, ``x`` of shape ``(T, B, *F)``,
+        ``y`` of shape ``(T, B, *G)`` and ``starts`` bool of shape ``(T, B)``.
+
+    Raises:
+        TypeError: if ``batch_size``, ``length`` or ``align`` is not an int, or ``shuffle`` is True for recordings
+            that have no length or cannot be indexed. While iterating, if a recording is not a pair of tensors.
+        ValueError: if ``batch_size``, ``length`` or ``align`` is not positive, or ``y_pad`` is a real class of
+            integer targets (not negative). While iterating, if a recording's ``x`` and ``y`` differ in steps, or
+            its trailing shapes or dtypes differ from the first recording's.
+
+    Examples:
+        >>> x1, y1 = torch.ones(3, 2), torch.tensor([[1.0], [0.0], [1.0]])  # 3 steps of 2 features, 1 target
+        >>> x2, y2 = torch.full((2, 2), 2.0), torch.tensor([[0.0], [0.0]])
+        >>> (x, y, starts), *_ = pack_recordings([(x1, y1), (x2, y2)], batch_size=2, length=4)
+        >>> x.shape, y.shape, y[:, :, 0].t().tolist()
+        (torch.Size([3, 2, 2]), torch.Size([3, 2, 1]), [[1.0, 0.0, 1.0], [0.0, 0.0, nan]])
+    """
+    return PackedRecordings(recordings, batch_size, length, **options)
 
 
-def _aligned(steps: int, align: int) -> int:
-    """The steps a sequence of ``steps`` takes in its column when sequences start at multiples of ``align``."""
-    return -(-steps // align) * align
+class PackedRecordings(Packing):
+    """The re-iterable batches of :func:`pack_recordings`; its arguments are documented there.
+
+    ``len()`` and the epoch's steps follow :class:`PackedSequences`' rules.
+    """
+
+    def __init__(
+        self,
+        recordings: Iterable[tuple[torch.Tensor, torch.Tensor]],
+        batch_size: int,
+        length: int,
+        *,
+        x_pad: Any = 0,
+        y_pad: Any = None,
+        ignore_index: int = -100,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        align: int = 1,
+    ) -> None:
+        super().__init__(recordings, batch_size, length, shuffle=shuffle, seed=seed, drop_last=drop_last, align=align)
+        if isinstance(y_pad, int) and not isinstance(y_pad, bool) and y_pad >= 0:
+            raise ValueError(
+                f"y_pad must not be a real class: class indices are not negative, got {y_pad}. Use the loss's "
+                "ignore_index (-100 by default), or leave y_pad out."
+            )
+        self.x_pad, self.y_pad, self.ignore_index = x_pad, y_pad, ignore_index
+        self._first: tuple | None = None  # trailing shapes and dtypes every recording must share
+
+    def steps_of(self, item: Any, index: int) -> int:
+        """A recording's steps, ``T_i``."""
+        return self._checked(item, index)[0].shape[0]
+
+    def pairs(self, items: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """The recordings with at least one step."""
+        for i, item in enumerate(items):
+            x, y = self._checked(item, i)
+            layout = (x.shape[1:], x.dtype, y.shape[1:], y.dtype)
+            self._first = self._first or layout
+            if layout != self._first:
+                raise ValueError(
+                    f"recording {i} has features {tuple(x.shape[1:])} {x.dtype} and targets {tuple(y.shape[1:])} "
+                    f"{y.dtype} per step, the first had {tuple(self._first[0])} {self._first[1]} and "
+                    f"{tuple(self._first[2])} {self._first[3]}: every recording must share them."
+                )
+            if x.shape[0]:
+                yield x, y
+
+    def padding(self, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any, torch.dtype]:
+        """``x_pad``, and NaN or ``ignore_index`` (or ``y_pad``) with the dtype that holds it."""
+        if y.dtype == torch.bool or y.dtype.is_floating_point or y.dtype.is_complex:
+            dtype = torch.float32 if y.dtype == torch.bool else y.dtype
+            return self.x_pad, float("nan") if self.y_pad is None else self.y_pad, dtype
+        pad = self.ignore_index if self.y_pad is None else self.y_pad
+        return self.x_pad, pad, y.dtype if holds(y.dtype, pad) else torch.int64
+
+    @staticmethod
+    def _checked(item: Any, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2 and all(torch.is_tensor(t) for t in item)):
+            raise TypeError(f"recording {index} is a {type(item).__name__}; pack_recordings takes (x, y) tensor pairs.")
+        x, y = item
+        if x.dim() == 0 or y.dim() == 0 or x.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"recording {index} has x of shape {tuple(x.shape)} and y of shape {tuple(y.shape)}; both need the "
+                "same number of steps along dimension 0."
+            )
+        return x, y
 
 
 def _checked(sequence: object, index: int) -> torch.Tensor:
@@ -229,87 +289,3 @@ def _checked(sequence: object, index: int) -> torch.Tensor:
     if sequence.dim() != 1:
         raise ValueError(f"sequence {index} has shape {tuple(sequence.shape)}; pack_sequences takes 1-D tensors.")
     return sequence
-
-
-class _Columns:
-    """Where the columns of a packing free.
-
-    Each next sequence goes to the column that frees first (on a tie, the lower column): the list-scheduling
-    rule that both ``len()`` and the batches follow.
-    """
-
-    def __init__(self, columns: int) -> None:
-        self.free = [(0, b) for b in range(columns)]  # (step where the column frees, column), a heap
-
-    def place(self, steps: int) -> tuple[int, int]:
-        """Give the next sequence, of ``steps`` steps, a column; returns its first step and the column."""
-        step, b = heapq.heappop(self.free)
-        heapq.heappush(self.free, (step + steps, b))
-        return step, b
-
-    @property
-    def first_free(self) -> int:
-        """The step where the first column frees (the next sequence's first step)."""
-        return self.free[0][0]
-
-    @property
-    def last_free(self) -> int:
-        """The step where the last column frees."""
-        return max(step for step, _ in self.free)
-
-
-def _column_ends(steps: list[int], columns: int) -> tuple[int, int]:
-    """The shortest and longest column when sequences of ``steps`` go, in order, to the column that frees first."""
-    packing = _Columns(columns)
-    for n in steps:
-        packing.place(n)
-    return packing.first_free, packing.last_free
-
-
-def _pack(
-    sequences: Iterator[torch.Tensor],
-    columns: int,
-    length: int,
-    ignore_index: int,
-    pad_value: int,
-    steps: int | None,
-    drop_last: bool,
-    align: int = 1,
-) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """The packed batches.
-
-    Once the sequences are used up, the epoch ends at ``steps`` if given, else where the first column frees
-    (``drop_last``) or the last one does.
-    """
-    packing = _Columns(columns)
-    placed: list[list[tuple[int, torch.Tensor]]] = [[] for _ in range(columns)]  # (first step, tokens)
-    source = ((i, _checked(s, i)) for i, s in enumerate(sequences))
-    exhausted, start, dtype = False, 0, None
-    while True:
-        end = start + length if steps is None else min(start + length, steps)
-        while not exhausted and packing.first_free < end:  # fill every column up to the batch's end
-            item = next(((i, s) for i, s in source if s.numel() >= 2), None)
-            if item is None:
-                exhausted = True
-                break
-            step, b = packing.place(_aligned(item[1].numel() - 1, align))
-            placed[b].append((step, item[1]))
-            dtype = item[1].dtype
-        if exhausted and steps is None:
-            steps = packing.first_free if drop_last else packing.last_free
-            end = min(end, steps)
-        if end <= start:
-            return
-        x = torch.full((end - start, columns), pad_value, dtype=dtype)
-        y = torch.full(x.shape, ignore_index, dtype=dtype if _holds(dtype, ignore_index) else torch.int64)
-        starts = torch.zeros(x.shape, dtype=torch.bool)
-        for b, column in enumerate(placed):
-            for first, tokens in column:
-                lo, hi = max(first, start), min(first + tokens.numel() - 1, end)
-                x[lo - start : hi - start, b] = tokens[lo - first : hi - first]
-                y[lo - start : hi - start, b] = tokens[lo - first + 1 : hi - first + 1]
-                if start <= first < end:
-                    starts[first - start, b] = True
-            placed[b] = [(first, tokens) for first, tokens in column if first + tokens.numel() - 1 > end]
-        yield x, y, starts
-        start = end

@@ -1,4 +1,4 @@
-"""Per-target metrics for sequence models: bits per target (bits per character) and perplexity."""
+"""Per-target metrics for sequence models: mean loss per target (nats), bits per target (per character), perplexity."""
 
 from __future__ import annotations
 
@@ -10,24 +10,24 @@ import torch
 from ignite.metrics import Loss
 from ignite.metrics.metric import reinit__is_reduced
 
-__all__ = ["BitsPerTarget", "Perplexity"]
+from .masked import count_targets
+
+__all__ = ["LossPerTarget", "BitsPerTarget", "Perplexity"]
 
 
-def _numel(y: torch.Tensor) -> int:
-    return y.numel()
+class LossPerTarget(Loss):
+    """Mean loss per target, in the loss's own units (nats for cross-entropy): ignite's ``Loss`` by target count.
 
-
-class BitsPerTarget(Loss):
-    """Mean loss per target in bits: ignite's ``Loss`` weighted by target count, divided by ln 2.
-
-    With a cross-entropy ``loss_fn`` over characters this is bits per character. Every target weighs the
-    same, whatever the batch shapes (ignite's ``Loss`` weighs by ``len(y)``, the first dimension), and the
-    sum is kept in float64.
+    Every target weighs the same, whatever the batch shapes (ignite's ``Loss`` weighs by ``len(y)``, the first
+    dimension), padding weighs nothing, and the sum is kept in float64.
 
     Args:
-        loss_fn: ``loss_fn(y_pred, y)``, mean over its targets, in nats.
+        loss_fn: ``loss_fn(y_pred, y)``, mean over its real targets (e.g. ``cross_entropy`` with its
+            ``ignore_index``, or :func:`~ignite_tbptt.masked_loss` for real-valued targets).
         output_transform: maps the engine's output to ``(y_pred, y)``.
-        batch_size: number of targets in ``y``; default ``y.numel()`` (count non-padding targets for padded data).
+        batch_size: ``batch_size(y)``, the number of targets in ``y``; default
+            :func:`~ignite_tbptt.count_targets`: all but the padding (NaN, or -100 for class indices), as
+            the packers mark it.
         device: where the running sums live.
     """
 
@@ -35,7 +35,7 @@ class BitsPerTarget(Loss):
         self,
         loss_fn: Callable,
         output_transform: Callable = lambda x: x,
-        batch_size: Callable = _numel,
+        batch_size: Callable = count_targets,
         device: str | torch.device = "cpu",
     ) -> None:
         super().__init__(loss_fn, output_transform=output_transform, batch_size=batch_size, device=device)
@@ -56,7 +56,7 @@ class BitsPerTarget(Loss):
             ValueError: if ``loss_fn`` does not return a 0-dim mean.
         """
         y_pred, y, *kwargs = output
-        n = self._batch_size(y)
+        n = int(self._batch_size(y))
         if n == 0:
             return
         mean = self._loss_fn(y_pred, y, **(kwargs[0] if kwargs else {})).detach()
@@ -64,6 +64,13 @@ class BitsPerTarget(Loss):
             raise ValueError("loss_fn did not return the average loss.")
         self._sum += mean.to(self._device) * n
         self._num_examples += n
+
+
+class BitsPerTarget(LossPerTarget):
+    """Mean loss per target in bits: :class:`LossPerTarget` in nats divided by ln 2; arguments as there.
+
+    With a cross-entropy ``loss_fn`` over characters this is bits per character.
+    """
 
     def compute(self) -> float:
         """The mean loss per target, in bits."""

@@ -50,6 +50,7 @@ from ignite_tbptt import (
     GradientClipping,
     GradientReach,
     attach_tensorboard,
+    count_targets,
     create_tbptt_evaluator,
     create_tbptt_trainer,
 )
@@ -190,11 +191,6 @@ def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
 
 
-def count_targets(y: torch.Tensor) -> torch.Tensor:
-    """Targets that are not padding (a 0-dim tensor)."""
-    return (y != IGNORE).sum()
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -325,7 +321,7 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
     )
     if args.clip > 0:
         GradientClipping(model, max_norm=args.clip).attach(trainer)
-    bpc = BitsPerTarget(cross_entropy, batch_size=lambda y: int(count_targets(y)))
+    bpc = BitsPerTarget(cross_entropy)  # counts the real targets: padding (-100) is left out
     evaluator = create_tbptt_evaluator(model, {"bpc": bpc}, carry_hidden=True, device=device, autocast_dtype=amp_dtype)
     return model, optimizer, trainer, evaluator
 
