@@ -231,9 +231,10 @@ def create_tbptt_trainer(
             batch's predictions (detached, joined along ``time_dim``) and ``loss`` the mean per-target loss of
             the targets processed in the iteration; default ``loss.item()``.
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, the number of targets in a segment (for padded
-            or ``ignore_index`` targets); default ``y.numel()``. A 0-dim tensor is accepted (converting it
-            synchronises a GPU). Segments without targets contribute nothing; an optimizer step whose windows
-            have none is skipped.
+            or ``ignore_index`` targets; :func:`~ignite_tbptt.count_targets` counts all but the packers'
+            padding); default ``y.numel()``, which needs no read from the device. A 0-dim tensor is accepted
+            (converting it synchronises a GPU). Segments without targets contribute nothing; an optimizer step
+            whose windows have none is skipped.
         recompute: recomputation mode, to trade time for memory (Chen et al., 2016, arXiv:1604.06174): run
             the model on segments of at most ``recompute`` steps without keeping their graphs, only their input
             hidden state and random state, and recompute each segment's forward pass in the backward sweep,

@@ -121,8 +121,12 @@ def test_one_large_file_trains_in_every_column_and_the_default_corpus_as_documen
     # Packed as one document it would train in one column, the batch size ignored: auto cuts it into streams.
     path = tmp_path / "book.txt"
     path.write_text("it was the best of times, it was the worst of times. " * 400, encoding="utf-8")
-    _, train, valid, _ = char_lm.load_data(char_lm.parse_args(["--text", str(path), "--batch-size", "6"]))
+    _, train, _, _ = char_lm.load_data(char_lm.parse_args(["--text", str(path), "--batch-size", "6"]))
     assert len(train) > 1 and all(x.shape[1] == 6 for x, _ in train)
     assert "stream layout (auto: 1 training documents for 6 columns)" in capsys.readouterr().out
+    _, stream, _, _ = char_lm.load_data(
+        char_lm.parse_args(["--text", str(path), "--batch-size", "6", "--layout", "stream"])
+    )
+    assert len(train) == len(stream)  # the same iterations per epoch as the stream layout
     _, train, _, _ = char_lm.load_data(char_lm.parse_args([]))  # 34 modules of the standard library
     assert "documents layout" in capsys.readouterr().out and train.batch_size == 12
