@@ -1,6 +1,7 @@
 """Generalised truncated backpropagation through time, TBPTT(k1, k2), for PyTorch-Ignite."""
 
 from .adaptive import AdaptiveTruncation
+from .artbp import ARTBP
 from .clipping import GradientClipping, gradient_norm
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .evaluator import create_tbptt_evaluator
@@ -25,6 +26,7 @@ __all__ = [
     "Schedule",
     "RandomWindows",
     "AdaptiveTruncation",
+    "ARTBP",
     "Window",
     "WindowSource",
     "default_model_fn",

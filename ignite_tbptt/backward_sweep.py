@@ -161,7 +161,14 @@ class RetainedHistory:
         """Drop every retained graph (at the end of a stream, or after a skipped optimizer step)."""
         self.segments.clear()
 
-    def backward(self, start: int, cut: int, next_cut: int | None, reach: list | None = None) -> None:
+    def backward(
+        self,
+        start: int,
+        cut: int,
+        next_cut: int | None,
+        reach: list | None = None,
+        factors: dict[int, float] | None = None,
+    ) -> None:
         """Backward sweep of the window that starts at ``start``, then drop what the next window does not reach.
 
         Every step's loss in the window flows back to the window's cut; segments of the window that lie
@@ -173,6 +180,8 @@ class RetainedHistory:
             next_cut: the cut of the next window, or ``None`` if the stream ends with this window.
             reach: if a list, each traversed segment from the cut on appends ``(step, gradients)``: the gradient
                 of the window's (scaled, summed) loss reaching its input hidden state, one entry per tensor.
+            factors: ``{step: factor}``: the hidden-state gradient that crosses ``step`` on its way back (a segment
+                starts there) is multiplied by ``factor`` (ARTBP's compensation, :class:`~ignite_tbptt.ARTBP`).
         """
         # Graphs the next window traverses again are backpropagated with retain_graph: one switch for the sweep.
         retaining = next_cut is not None and bool(self.segments) and self.segments[-1].start >= next_cut
@@ -186,6 +195,9 @@ class RetainedHistory:
                     continue
                 retain = next_cut is not None and segment.start >= next_cut
                 reached = self._traverse(segment, hidden_grad, retain)
+                factor = factors.get(segment.start) if factors else None
+                if factor is not None:
+                    reached = [None if g is None else g * factor for g in reached]
                 if reach is not None and reached:
                     reach.append((segment.start, reached))
                 hidden_grad = reached if segment.start > cut else None

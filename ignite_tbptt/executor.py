@@ -137,7 +137,9 @@ class SegmentExecutor:
         stream.window_loss.add(loss, n, as_mean)
         return loss, n, hs.detached(y_pred) if keep_predictions else None
 
-    def close_window(self, start: int, cut: int, next_cut: int | None, recording: bool) -> list | None:
+    def close_window(
+        self, start: int, cut: int, next_cut: int | None, recording: bool, factors: dict[int, float] | None = None
+    ) -> list | None:
         """The backward sweep of the window that starts at ``start``; see :meth:`RetainedHistory.backward`.
 
         Returns:
@@ -145,7 +147,7 @@ class SegmentExecutor:
         """
         reach: list | None = [] if recording else None
         with profiled("tbptt.sweep"):
-            self.stream.history.backward(start, cut, next_cut, reach)
+            self.stream.history.backward(start, cut, next_cut, reach, factors)
         return reach
 
 

@@ -305,7 +305,7 @@ class TBPTTStep:
         start = stream.window.start
         cut = source.cut(start, end)
         next_cut = source.window(end).cut if stream_continues else None
-        reach = self.executor.close_window(start, cut, next_cut, self._recording)
+        reach = self.executor.close_window(start, cut, next_cut, self._recording, source.compensation(start))
         engine.state.gradient_reach = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0

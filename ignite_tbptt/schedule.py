@@ -123,6 +123,14 @@ class WindowSource(ABC):
             if later.cut > step:
                 return later.cut
 
+    def compensation(self, start: int) -> dict[int, float]:
+        """Factors for the hidden-state gradient crossing steps inside the window from ``start``: ``{step: factor}``.
+
+        Empty (no reweighting) but for unbiased truncation (:class:`~ignite_tbptt.ARTBP`); each such step is a
+        segment boundary (:meth:`boundary`).
+        """
+        return {}
+
     def reaches_back(self, window: Window, step: int) -> bool:
         """Whether a later window's backward pass reaches back to ``step`` of ``window``.
 
