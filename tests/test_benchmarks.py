@@ -86,3 +86,13 @@ def test_alignment_benchmark_and_profile_run(tmp_path, capsys):
     profile.main(["--steps", "200", "--hidden", "16", "--k1", "20", "--k2", "30"])
     out = capsys.readouterr().out
     assert all(name in out for name in ("tbptt.forward", "tbptt.sweep", "tbptt.optimizer_step"))
+
+
+def test_influence_balancing_fixed_windows_diverge_and_artbp_converges():
+    from benchmarks import influence_balancing as ib
+    from ignite_tbptt import ARTBP
+
+    fixed = ib.train(3, steps=3000)  # the short window sees only theta's short-term, positive effect
+    assert fixed["final_theta"] > 1000 > -ib.OPTIMUM
+    artbp = ib.train(ARTBP(grid=1, mean_length=8, seed=0), steps=6000)
+    assert not artbp["diverged"] and abs(artbp["final_theta"] - ib.OPTIMUM) < 0.01

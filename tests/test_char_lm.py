@@ -130,3 +130,19 @@ def test_one_large_file_trains_in_every_column_and_the_default_corpus_as_documen
     assert len(train) == len(stream)  # the same iterations per epoch as the stream layout
     _, train, _, _ = char_lm.load_data(char_lm.parse_args([]))  # 34 modules of the standard library
     assert "documents layout" in capsys.readouterr().out and train.batch_size == 12
+
+
+def test_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit) as done:
+        char_lm.parse_args(["--help"])
+    assert done.value.code == 0
+    assert "--layout" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        char_lm.parse_args(["--artbp", "25", "--adaptive", "0.1"])  # two ways of choosing the windows
+
+
+def test_the_main_job_trains_with_unbiased_truncation(tmp_path, capsys):
+    args = [*STREAM, "--artbp", "10", "--artbp-grid", "5", "--epochs", "1", "--no-progress", "--checkpoint-every", "0"]
+    history = char_lm.main([*args, "--logdir", str(tmp_path)])
+    assert "ARTBP(grid=5, mean length 10)" in capsys.readouterr().out
+    assert history["valid_bpc"][0] < history["unigram_bpc"]

@@ -24,7 +24,8 @@ to TensorBoard, and prints the validation bits per character after each epoch, n
 ``LOGDIR/checkpoints`` every ``--checkpoint-every`` iterations; ``--resume FILE`` continues a run from one,
 mid-epoch included, with the result of an uninterrupted run. ``--reach N`` records the gradient reach of
 every N-th window (TensorBoard: ``train/reach_at_cut`` and a picture); ``--adaptive DELTA`` lets k2 follow
-the measured decay of the hidden-state gradient (TensorBoard: ``train/k2``).
+the measured decay of the hidden-state gradient (TensorBoard: ``train/k2``); ``--artbp L`` truncates without
+bias (:class:`~ignite_tbptt.ARTBP`, windows of ``L`` steps on average).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ignite.handlers import Checkpoint, DiskSaver, ProgressBar
 from torch import nn
 
 from ignite_tbptt import (
+    ARTBP,
     AdaptiveTruncation,
     BitsPerTarget,
     GradientClipping,
@@ -191,6 +193,36 @@ def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
 
 
+def truncation_options(p: argparse.ArgumentParser) -> None:
+    """The options that record the gradient reach and choose the windows otherwise than --k1/--k2."""
+    p.add_argument(
+        "--reach",
+        type=int,
+        default=0,
+        help="record the gradient reach of every N-th window (TensorBoard: train/reach_at_cut and the\n"
+        "gradient_reach picture), 0 for none",
+    )
+    p.add_argument(
+        "--reach-stride", type=int, help="with --reach: also a point of the profile every S steps of a recorded window"
+    )
+    p.add_argument(
+        "--adaptive",
+        type=float,
+        metavar="DELTA",
+        help="let k2 follow the measured gradient decay (AdaptiveTruncation), keeping the estimated truncation\n"
+        "bias under DELTA; k2 starts at --k2 and stays in (k1, --k2-max] (TensorBoard: train/k2)",
+    )
+    p.add_argument("--k2-max", type=int, default=200, help="with --adaptive: the longest k2 (default 200)")
+    p.add_argument(
+        "--artbp",
+        type=int,
+        metavar="L",
+        help="unbiased truncation (ARTBP) instead of --k1/--k2: windows of L steps on average, ending at random\n"
+        "candidate points every --artbp-grid steps",
+    )
+    p.add_argument("--artbp-grid", type=int, default=5, help="with --artbp: steps between candidate points (5)")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -205,7 +237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="documents: packed into columns, hidden state reset at each document's start;\n"
         "stream: the documents joined into one text cut into --batch-size columns;\n"
         f"auto (default): documents, unless they fill fewer than --batch-size columns or keep less than "
-        f"{AUTO_KEPT:.0%} of the characters (one large file, say), then stream",
+        f"{AUTO_KEPT * 100:.0f}%% of the characters (one large file, say), then stream",
     )
     p.add_argument("--valid-fraction", type=float, default=0.05, help="tail of the text held out for validation")
     p.add_argument("--k1", type=int, default=25, help="steps between backward passes (default 25)")
@@ -233,25 +265,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=100, help="iterations between checkpoints, 0 for none")
     p.add_argument("--resume", type=Path, help="checkpoint file to continue from")
     p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
-    p.add_argument(
-        "--reach",
-        type=int,
-        default=0,
-        help="record the gradient reach of every N-th window (TensorBoard: train/reach_at_cut and the\n"
-        "gradient_reach picture), 0 for none",
-    )
-    p.add_argument(
-        "--reach-stride", type=int, help="with --reach: also a point of the profile every S steps of a recorded window"
-    )
-    p.add_argument(
-        "--adaptive",
-        type=float,
-        metavar="DELTA",
-        help="let k2 follow the measured gradient decay (AdaptiveTruncation), keeping the estimated truncation\n"
-        "bias under DELTA; k2 starts at --k2 and stays in (k1, --k2-max] (TensorBoard: train/k2)",
-    )
-    p.add_argument("--k2-max", type=int, default=200, help="with --adaptive: the longest k2 (default 200)")
-    return p.parse_args(argv)
+    truncation_options(p)
+    args = p.parse_args(argv)
+    if args.artbp and args.adaptive:
+        p.error("--artbp and --adaptive choose the windows in two ways: pass one of them.")
+    return args
 
 
 def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
@@ -294,10 +312,17 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
     (print if idist.get_rank() == 0 else lambda *_, **__: None)(
         f"{sum(map(len, train_docs)):,} training characters in {len(train_docs)} documents ({used:,} predicted per "
         f"epoch), {len(valid_text):,} validation characters, {len(vocab)} symbols; unigram model: {unigram:.2f} "
-        f"bits/char; TBPTT(k1={args.k1}, k2={args.k2}), {layout} layout{why}",
+        f"bits/char; {truncation(args)}, {layout} layout{why}",
         flush=True,
     )
     return vocab, train, valid, unigram
+
+
+def truncation(args: argparse.Namespace) -> str:
+    """The truncation the run trains with, for the start-up line."""
+    if args.artbp:
+        return f"ARTBP(grid={args.artbp_grid}, mean length {args.artbp})"
+    return f"TBPTT(k1={args.k1}, k2={args.k2})"
 
 
 def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tuple:
@@ -309,8 +334,8 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
         model,
         optimizer,
         cross_entropy,
-        args.k1,
-        args.k2,
+        ARTBP(grid=args.artbp_grid, mean_length=args.artbp, seed=args.seed) if args.artbp else args.k1,
+        None if args.artbp else args.k2,
         carry_hidden=True,
         gradient_accumulation_steps=args.accumulation,
         autocast_dtype=amp_dtype,
