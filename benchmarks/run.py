@@ -27,7 +27,7 @@ import torch
 
 from benchmarks import methods
 from benchmarks.report import rotated
-from ignite_tbptt import RandomWindows
+from ignite_tbptt import ARTBP, RandomWindows
 
 PAIRS = [(25, 25), (200, 200), (25, 50), (20, 30), (10, 40), (32, 48)]
 # The rows compared with the same method without their variation, in the "vs baseline" column.
@@ -36,6 +36,7 @@ BASELINES = {
     "ours, reach every 100": "ours",
     "ours, random windows": "ours, one stream",
     "hand, exact segments, random windows": "hand, exact segments, one stream",
+    "ours, ARTBP, grid k1, mean 2 k1": "ours, random windows, mean 2 k1",
 }
 RECOMPUTE = {(200, 200): 20, (25, 50): 25}  # pairs also timed in recomputation mode, and its segment length
 
@@ -79,6 +80,10 @@ and slowest run.
   **hand, exact segments, one stream** and **hand, exact segments, random windows** (k2 > k1): the exact
   hand loop on the same windows, one stream, which shows what the backend charges for the extra model
   calls exactness needs when the next window's cut falls inside a window of random length.
+- **ours, ARTBP, grid k1, mean 2 k1** and **ours, random windows, mean 2 k1** (with `--truncation`, k1 = k2):
+  one stream with `ARTBP(grid=k1, mean_length=2 k1)` (candidate points every k1 steps, truncation with
+  probability 1/2 at each) and with `RandomWindows(2 k1, 2 k1, p=1.0)`, both windows of mean length 2 k1
+  backpropagated to their own start; *vs baseline* is ARTBP's time over the random windows'.
 - **compute limit**: the hand loop's own forward, backward and optimizer-step times, in chunks of k1,
   combined as forward + (k2 / k1) x backward + step: every step runs forward once and backward k2 / k1
   times on average, with one optimizer step per window, and no cost per call. **compute limit,
@@ -152,6 +157,19 @@ def run_time(args, device):
                 contenders["ours, one stream"] = (methods.ours, {"one_stream": True})
                 contenders["ours, random windows"] = (methods.ours, {"make_windows": random, "one_stream": True})
                 contenders["ours, reach every 100"] = (methods.ours, {"reach_every": 100})
+                if k1 == k2:
+                    # ARTBP with candidate points every k1 steps against random windows of the same mean length,
+                    # each backpropagated to its own start (c = 1/2, so windows are k1 times a geometric count).
+                    artbp = functools.partial(ARTBP, grid=k1, mean_length=2 * k1, seed=0)
+                    random_2k1 = functools.partial(RandomWindows, 2 * k1, 2 * k1, p=1.0, seed=0)
+                    contenders["ours, random windows, mean 2 k1"] = (
+                        methods.ours,
+                        {"make_windows": random_2k1, "one_stream": True},
+                    )
+                    contenders["ours, ARTBP, grid k1, mean 2 k1"] = (
+                        methods.ours,
+                        {"make_windows": artbp, "one_stream": True},
+                    )
                 if k2 > k1:
                     contenders["hand, exact segments, one stream"] = (methods.segmented, {"one_stream": True})
                     exact_random = {"make_windows": random, "one_stream": True}
