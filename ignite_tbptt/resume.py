@@ -5,13 +5,15 @@ A trainer's ``state_dict`` records its configuration beside the stream it saves:
 package version. Loading it compares that record with the trainer it is loaded into and raises before anything
 changes, naming both values, unless the change is safe where the checkpoint was taken:
 
-- the windows, ``recompute`` and ``carry_hidden`` may change between streams: at an epoch's end with
-  ``carry_hidden=True``, or between any two batches with ``carry_hidden=False`` on both sides (a stream under way
-  holds hidden state, retained graphs and windows planned by the old configuration);
+- the windows and ``recompute`` may change between streams: at an epoch's end with ``carry_hidden=True``, or
+  between any two batches with ``carry_hidden=False`` on both sides (a stream under way holds hidden state,
+  retained graphs and windows planned by the old configuration);
+- ``carry_hidden`` may change at a stream's start (an epoch's end);
 - ``gradient_accumulation_steps`` may change where no window waits for its optimizer step;
 - ``deterministic`` may change at an epoch's end (ignite's ``DeterministicEngine`` and ``Engine`` find a
   mid-epoch batch differently);
-- the package version and ``RandomWindows``' seed are recorded only (the draws go on from the saved generator).
+- the package version and the seed of ``RandomWindows`` or ``ARTBP`` are recorded only (the draws go on from the
+  saved generator).
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str,
 
 
 def _compared(name: str, value: Any) -> Any:
-    # RandomWindows' seed only chose the first draws; a resumed run goes on from the saved generator.
+    # A random source's seed only chose the first draws; a resumed run goes on from the saved generator.
     if name == "windows" and isinstance(value, dict):
         return {k: v for k, v in value.items() if k != "seed"}
     return value
