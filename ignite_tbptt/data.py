@@ -161,7 +161,7 @@ class PackedSequences(Packing):
             if _checked(tokens, i).numel() >= 2:
                 yield tokens[:-1], tokens[1:]
 
-    def padding(self, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any, torch.dtype]:
+    def padding(self, y: torch.Tensor) -> tuple[Any, Any, torch.dtype]:
         """``pad_value`` and ``ignore_index``, ``y`` promoted to int64 where its dtype cannot hold the latter."""
         return self.pad_value, self.ignore_index, y.dtype if holds(y.dtype, self.ignore_index) else torch.int64
 
@@ -241,7 +241,6 @@ class PackedRecordings(Packing):
                 "ignore_index (-100 by default), or leave y_pad out."
             )
         self.x_pad, self.y_pad, self.ignore_index = x_pad, y_pad, ignore_index
-        self._first: tuple | None = None  # trailing shapes and dtypes every recording must share
 
     def steps_of(self, item: Any, index: int) -> int:
         """A recording's steps, ``T_i``."""
@@ -249,20 +248,21 @@ class PackedRecordings(Packing):
 
     def pairs(self, items: Iterator[Any]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """The recordings with at least one step."""
+        first = None  # trailing shapes and dtypes every recording must share
         for i, item in enumerate(items):
             x, y = self._checked(item, i)
             layout = (x.shape[1:], x.dtype, y.shape[1:], y.dtype)
-            self._first = self._first or layout
-            if layout != self._first:
+            first = first or layout
+            if layout != first:
                 raise ValueError(
                     f"recording {i} has features {tuple(x.shape[1:])} {x.dtype} and targets {tuple(y.shape[1:])} "
-                    f"{y.dtype} per step, the first had {tuple(self._first[0])} {self._first[1]} and "
-                    f"{tuple(self._first[2])} {self._first[3]}: every recording must share them."
+                    f"{y.dtype} per step, the first had {tuple(first[0])} {first[1]} and {tuple(first[2])} "
+                    f"{first[3]}: every recording must share them."
                 )
             if x.shape[0]:
                 yield x, y
 
-    def padding(self, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any, torch.dtype]:
+    def padding(self, y: torch.Tensor) -> tuple[Any, Any, torch.dtype]:
         """``x_pad``, and NaN or ``ignore_index`` (or ``y_pad``) with the dtype that holds it."""
         if y.dtype == torch.bool or y.dtype.is_floating_point or y.dtype.is_complex:
             dtype = torch.float32 if y.dtype == torch.bool else y.dtype

@@ -68,16 +68,12 @@ def masked_loss(loss_fn: Callable[..., torch.Tensor]) -> Callable[[torch.Tensor,
 
     def masked(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         real = is_target(y)
-        losses = loss_fn(
-            y_pred, torch.where(real, y, torch.zeros((), dtype=y.dtype, device=y.device)), reduction="none"
-        )
+        losses = loss_fn(y_pred, torch.where(real, y, 0), reduction="none")
         if losses.shape != y.shape:
             raise ValueError(
                 f"masked_loss needs one loss per target: loss_fn returned shape {tuple(losses.shape)} for targets "
                 f"of shape {tuple(y.shape)} with reduction='none'."
             )
-        return torch.where(real, losses, torch.zeros((), dtype=losses.dtype, device=losses.device)).sum() / (
-            real.sum().clamp(min=1)
-        )
+        return torch.where(real, losses, 0).sum() / real.sum().clamp(min=1)
 
     return masked

@@ -60,8 +60,8 @@ class Packing(ABC):
         """The ``(x, y)`` of each piece that takes steps, ``(n, ...)`` both, read lazily from ``items``."""
 
     @abstractmethod
-    def padding(self, x: torch.Tensor, y: torch.Tensor) -> tuple[Any, Any, torch.dtype]:
-        """The padding value of ``x``, that of ``y`` and ``y``'s dtype in the batches, given a piece's ``x, y``."""
+    def padding(self, y: torch.Tensor) -> tuple[Any, Any, torch.dtype]:
+        """The padding value of ``x``, that of ``y`` and ``y``'s dtype in the batches, given a piece's ``y``."""
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order ``shuffle`` draws (call it on ``Events.EPOCH_STARTED``)."""
@@ -161,7 +161,7 @@ def _pack(
     columns, length = packing.batch_size, packing.length
     free = _Columns(columns)
     placed: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = [[] for _ in range(columns)]  # (first step, x, y)
-    exhausted, start, first = False, 0, None
+    exhausted, start, first, padding = False, 0, None, None
     while True:
         end = start + length if steps is None else min(start + length, steps)
         while not exhausted and free.first_free < end:  # fill every column up to the batch's end
@@ -171,13 +171,14 @@ def _pack(
                 break
             step, b = free.place(_aligned(pair[0].shape[0], packing.align))
             placed[b].append((step, *pair))
-            first = first or pair
+            if first is None:  # every piece shares the first's trailing shapes and dtypes
+                first, padding = pair, packing.padding(pair[1])
         if exhausted and steps is None:
             steps = free.first_free if packing.drop_last else free.last_free
             end = min(end, steps)
         if end <= start:
             return
-        x_pad, y_pad, y_dtype = packing.padding(*first)
+        x_pad, y_pad, y_dtype = padding
         x = torch.full((end - start, columns, *first[0].shape[1:]), x_pad, dtype=first[0].dtype)
         y = torch.full((end - start, columns, *first[1].shape[1:]), y_pad, dtype=y_dtype)
         starts = torch.zeros((end - start, columns), dtype=torch.bool)
