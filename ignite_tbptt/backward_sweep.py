@@ -67,6 +67,9 @@ class Segment:
         y_pred: prediction tensors whose loss gradient is still owed (``None`` once paid).
         y_grad: the (possibly scaled) loss gradient for ``y_pred``, computed when the segment ran.
         replay: how to recompute the segment, for checkpoints and recomputation mode.
+        loss: the (possibly scaled) loss of a window's last segment, still attached to its predictions: its
+            window's sweep starts right after it ran, so the first traversal backpropagates the loss with it, in
+            one call instead of two. The loss graph is freed with that traversal.
     """
 
     start: int
@@ -76,6 +79,7 @@ class Segment:
     y_pred: list[torch.Tensor] | None = None
     y_grad: list[torch.Tensor | None] | None = None
     replay: Replay | None = None
+    loss: torch.Tensor | None = None
 
     def backward(self, hidden_grad: list[torch.Tensor | None] | None, retain: bool) -> list[torch.Tensor | None]:
         """Backpropagate the owed loss gradient and ``hidden_grad`` (for ``outputs``) through the segment.
@@ -93,6 +97,9 @@ class Segment:
             tensors += self.outputs
             grads += hidden_grad
         pairs = [(t, g) for t, g in zip(tensors, grads) if g is not None and t.requires_grad]
+        if self.loss is not None:
+            pairs.append((self.loss, None))  # a 0-dim root: autograd seeds it with one
+            self.loss = None
         if pairs:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs], retain_graph=retain)
         reached = [leaf.grad for leaf in self.inputs]
@@ -183,6 +190,8 @@ class RetainedHistory:
             factors: ``{step: factor}``: the hidden-state gradient that crosses ``step`` on its way back (a segment
                 starts there) is multiplied by ``factor`` (ARTBP's compensation, :class:`~ignite_tbptt.ARTBP`).
         """
+        if not self.segments:  # every segment was paid at once (k1 = k2, say): nothing to sweep or drop
+            return
         # Graphs the next window traverses again are backpropagated with retain_graph: one switch for the sweep.
         retaining = next_cut is not None and bool(self.segments) and self.segments[-1].start >= next_cut
         with retainable() if retaining else nullcontext():

@@ -76,7 +76,8 @@ def register_tbptt_events(engine: Engine) -> None:
 
 def listened(engine: Engine, *events: Any) -> bool:
     """Whether a handler is attached to any of ``events`` (registered ones) on ``engine``."""
-    return any(engine._event_handlers.get(event) for event in events)
+    handlers = engine._event_handlers
+    return any(handlers.get(event) for event in events)
 
 
 def fire(engine: Engine, event: Any) -> None:
@@ -87,5 +88,5 @@ def fire(engine: Engine, event: Any) -> None:
     trainer's own events are registered when it attaches, so here only their handlers run, if any.
     """
     engine.last_event_name = event
-    if listened(engine, event):
+    if engine._event_handlers.get(event):
         engine._fire_event(event)

@@ -25,10 +25,13 @@ from .stream import StreamState
 
 __all__ = ["SegmentExecutor", "profiled"]
 
+# Reentrant and stateless: one instance serves every "no context" of a window, without an allocation each time.
+_NO_CONTEXT = nullcontext()
+
 
 def profiled(name: str) -> AbstractContextManager:
     """A ``torch.profiler`` range ``name`` while a profiler runs, else nothing (a range costs about 10 µs)."""
-    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else nullcontext()
+    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else _NO_CONTEXT
 
 
 class SegmentExecutor:
@@ -69,7 +72,7 @@ class SegmentExecutor:
         recording: bool = False,
         keep_predictions: bool = False,
         as_mean: bool = False,
-    ) -> tuple[Any, int, Any]:
+    ) -> tuple[Any, int, bool, Any]:
         """Run the segment as ``plan`` says: forward, pay or owe its loss gradient, retain what is needed.
 
         Args:
@@ -86,8 +89,10 @@ class SegmentExecutor:
                 division.
 
         Returns:
-            The segment's per-target loss (a detached 0-dim tensor, or 0.0 without targets): summed, or the mean if
-            ``as_mean``; its target count; and its detached predictions if ``keep_predictions`` else ``None``.
+            The segment's per-target loss (a detached 0-dim tensor, or 0.0 without targets); its target count;
+            whether that loss is the mean over the targets rather than their sum (with ``as_mean``, and for a
+            window of one segment, whose mean is then read as it is); and its detached predictions if
+            ``keep_predictions`` else ``None``.
 
         Raises:
             TypeError: if ``loss_fn`` returns something other than a tensor.
@@ -102,31 +107,42 @@ class SegmentExecutor:
         if plan.loss_owed:
             version = versions.current if versions is not None else None
             replay = Replay(x, hidden_in, rng.capture(x.device), version, requires_grad, resets)
-        with torch.no_grad() if plan.recompute else nullcontext(), profiled("tbptt.forward"):
+        with torch.no_grad() if plan.recompute else _NO_CONTEXT, profiled("tbptt.forward"):
             y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
         if self.check_columns is not None:  # before the first reset uses it, and before any backward
             check_resettable(hidden_out, self.check_columns)
             self.check_columns = None
         n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
+        # The window's sweep starts right after its last segment, so that segment's loss is backpropagated
+        # with the sweep's first traversal of it: one backward call instead of two.
+        with_sweep = plan.loss_owed and plan.closes_window and not plan.recompute
         y_owed = None
-        if plan.loss_owed:
+        if plan.loss_owed and not with_sweep:
             # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
             # only the gradient of the predictions waits for the window's backward sweep.
             y_owed = [t.detach().requires_grad_(t.requires_grad or plan.recompute) for t in hs.flatten(y_pred)]
         loss: Any = 0.0
+        root = None
+        is_mean = as_mean or (plan.opens_window and plan.closes_window)  # no division when the window's mean is read
         if n:
             with self.model_call.autocast():
-                loss = _checked(self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y))
-                if not as_mean:  # a sum over the targets: the optimizer step divides by the count of all its windows
-                    loss = loss * n
-            with profiled("tbptt.segment_backward"):
-                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
-            loss = loss.detach()
+                mean = _checked(self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y))
+                # A sum over the targets, unless as_mean: the optimizer step divides by the count of all its windows.
+                loss = mean if as_mean else mean * n
+            root = self.scaler.scale(loss) if self.scaler is not None else loss
+            if not with_sweep:
+                with profiled("tbptt.segment_backward"):
+                    root.backward()
+                root = None
+            loss = (mean if is_mean else loss).detach()
         if plan.retained and (plan.loss_owed or requires_grad):
             # Paid at once, a segment only hands the sweep the gradient its input leaves received (none when they
             # take none: a window of one segment from its cut, as every window at k1 = k2).
             segment = Segment(plan.start, plan.end, inputs, [])
-            if plan.loss_owed:
+            if with_sweep:
+                segment.replay, segment.loss = replay, root
+                segment.outputs = hs.flatten(hidden_out)
+            elif plan.loss_owed:
                 segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if n else None
                 if plan.recompute:  # the sweep builds its graph again
                     segment.inputs, segment.outputs = [], None
@@ -134,8 +150,8 @@ class SegmentExecutor:
                     segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if n else None
             stream.history.append(segment)
         stream.hidden, stream.position = hidden_out, plan.end
-        stream.window_loss.add(loss, n, as_mean)
-        return loss, n, hs.detached(y_pred) if keep_predictions else None
+        stream.window_loss.add(loss, n, is_mean)
+        return loss, n, is_mean, hs.detached(y_pred) if keep_predictions else None
 
     def close_window(
         self, start: int, cut: int, next_cut: int | None, recording: bool, factors: dict[int, float] | None = None

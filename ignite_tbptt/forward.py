@@ -15,6 +15,9 @@ from .versions import ParameterVersions
 
 __all__ = ["ModelCall", "default_model_fn", "autocast_for", "device_type_of"]
 
+# Reentrant and stateless: one instance serves every model call that needs no context, without an allocation.
+_NO_CONTEXT = nullcontext()
+
 
 def default_model_fn(model: torch.nn.Module, x: torch.Tensor, hidden: Any) -> tuple[Any, Any]:
     """Call ``model`` the way ignite's ``create_supervised_tbptt_trainer`` does.
@@ -35,7 +38,7 @@ def autocast_for(device_type: str, dtype: torch.dtype | None) -> Callable[[], Ab
     """A factory of ``torch.autocast`` contexts for ``dtype``, or of null contexts when ``dtype`` is None."""
 
     def autocast() -> AbstractContextManager:
-        return torch.autocast(device_type, dtype=dtype) if dtype is not None else nullcontext()
+        return torch.autocast(device_type, dtype=dtype) if dtype is not None else _NO_CONTEXT
 
     return autocast
 
@@ -83,8 +86,8 @@ class ModelCall:
             TypeError: if ``model_fn`` does not return a pair.
             ValueError: if the hidden state changed structure or shape.
         """
-        hooks = versions.hooks() if keep_weights else nullcontext()
-        with self.autocast(), hooks, retainable() if versions is not None else nullcontext():
+        hooks = versions.hooks() if keep_weights else _NO_CONTEXT
+        with self.autocast(), hooks, retainable() if versions is not None else _NO_CONTEXT:
             reset = hidden if starts is None or hidden is None else self.reset_hidden(hidden, starts)
             output = self.model_fn(self.model, x, reset)
         if not isinstance(output, (tuple, list)) or len(output) != 2:

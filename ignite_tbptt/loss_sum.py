@@ -12,10 +12,9 @@ __all__ = ["LossSum"]
 class LossSum:
     """Summed per-target loss over segments, with their target count.
 
-    Each segment's loss arrives as a detached 0-dim tensor: its sum over its targets or, for a segment
-    backpropagated as its own mean (a window of one segment, alone in its optimizer step), that mean. Nothing
-    runs on the device until :meth:`mean` is read, and then one stack and one sum however many segments there
-    were; a single mean is returned as it is.
+    Each segment's loss arrives as a detached 0-dim tensor: its sum over its targets or, for a window of one
+    segment, its mean. Nothing runs on the device until :meth:`mean` is read, and then one stack and one sum
+    however many segments there were; a single mean is returned as it is, without a division.
     """
 
     __slots__ = ("losses", "weights", "targets")
@@ -34,7 +33,7 @@ class LossSum:
 
     @property
     def divisor(self) -> int:
-        """What divides the backpropagated loss into the mean per-target loss: 1 for a single mean, else the count."""
+        """What divides :meth:`total` into the mean per-target loss: 1 for a single mean, else the target count."""
         return 1 if len(self.losses) == 1 and self.weights[0] == self.targets else self.targets
 
     def total(self) -> Any:

@@ -88,15 +88,14 @@ class OptimizerStep:
         """
         targets, divided = self.targets, self.divided
         self.reset()
-        params = self.parameters()
         if self.distributed:
-            targets = distributed.all_reduce_gradients(params, targets)
+            targets = distributed.all_reduce_gradients(self.parameters(), targets)
         divisor = 1 if divided else targets
         if not targets:  # only padding: nothing to learn, and momentum or weight decay must not move
             return
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grads = [p.grad for p in params if p.grad is not None]
+        grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         found_inf = None
         if grads:
             if self.scaler is not None:  # the scaler checked them while unscaling
@@ -216,6 +215,16 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
     Returns:
         A float32 0-dim tensor on the first gradient's device: 1.0 if any gradient (or ``earlier``) is non-finite.
     """
+    first = grads[0]
+    device, dtype = first.device, first.dtype
+    if (
+        dtype in _SCALED_DTYPES
+        and (earlier is None or earlier.device == device)
+        and all(not g.is_sparse and g.dtype == dtype and g.device == device for g in grads)
+    ):  # the usual case, one kernel: dense gradients of one dtype on one device
+        found = earlier.clone() if earlier is not None else torch.zeros((), device=device, dtype=torch.float32)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(device, divisor))
+        return found
     # One kernel per device, dtype and whether it divides (GradScaler groups alike: one dtype per kernel).
     groups: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
     divided = []  # divided exactly first, then checked with scale one

@@ -23,43 +23,38 @@ A *segment* is one model call over consecutive steps of a window. Before running
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .schedule import Window, WindowSource
 
 __all__ = ["SegmentPlan", "plan_segment"]
 
 
-@dataclass(frozen=True)
-class SegmentPlan:
-    """The decisions for one segment, ``[start, end)`` of a window.
+class SegmentPlan(NamedTuple):
+    """The decisions for one segment, ``[start, end)`` of a window (a named tuple: one is made per model call)."""
 
-    Attributes:
-        start: first step of the segment (the stream's position when it runs).
-        end: end (exclusive) of the segment.
-        window_end: end of the segment's window if known when the segment runs, else ``None`` (the window
-            continues into a later batch of a stream whose length is unknown).
-        opens_window: the segment is the first of its window.
-        closes_window: the window's backward sweep runs right after this segment.
-        own_loss_only: the segment lies before the window's cut (k2 < k1): it gets only its own loss's gradient.
-        backward_now: its loss is backpropagated through the whole segment at once, so no loss gradient is owed.
-        recompute: it runs without a graph, and the backward sweep rebuilds it (recomputation mode).
-        reached_later: a later window's backward pass reaches it, if the stream goes on past it.
-        keep_weights: its graph must keep the weights it ran with across optimizer steps.
-        hidden_requires_grad: gradient may flow into its input hidden state (it starts after the lowest cut
-            its window can have).
-    """
-
+    #: First step of the segment (the stream's position when it runs).
     start: int
+    #: End (exclusive) of the segment.
     end: int
+    #: End of the segment's window if known when the segment runs, else ``None`` (the window continues into a
+    #: later batch of a stream whose length is unknown).
     window_end: int | None
+    #: The segment is the first of its window.
     opens_window: bool
+    #: The window's backward sweep runs right after this segment.
     closes_window: bool
+    #: The segment lies before the window's cut (k2 < k1): it gets only its own loss's gradient.
     own_loss_only: bool
+    #: Its loss is backpropagated through the whole segment at once, so no loss gradient is owed.
     backward_now: bool
+    #: It runs without a graph, and the backward sweep rebuilds it (recomputation mode).
     recompute: bool
+    #: A later window's backward pass reaches it, if the stream goes on past it.
     reached_later: bool
+    #: Its graph must keep the weights it ran with across optimizer steps.
     keep_weights: bool
+    #: Gradient may flow into its input hidden state (it starts after the lowest cut its window can have).
     hidden_requires_grad: bool
 
     @property

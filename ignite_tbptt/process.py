@@ -19,7 +19,7 @@ from .executor import SegmentExecutor, profiled
 from .forward import ModelCall
 from .loss_sum import LossSum
 from .optimizer_step import OptimizerStep
-from .plan import plan_segment
+from .plan import SegmentPlan, plan_segment
 from .resume import configuration
 from .schedule import WindowSource
 from .stream import StreamState
@@ -170,7 +170,7 @@ class TBPTTStep:
         self.reach_stride = stride if stride is not None else self.reach_stride
 
     def _records(self, window: int) -> bool:
-        return any(window % every == 0 for every in self.reach_every)
+        return bool(self.reach_every) and any(window % every == 0 for every in self.reach_every)
 
     def _started(self, engine: Engine) -> None:
         self._failed = None
@@ -258,20 +258,18 @@ class TBPTTStep:
         while stream.position < batch_end and self._failed is None:
             if stream.window is None:
                 self._start_window(engine)
-            following = bisect_right(sequence_starts, stream.position)
-            next_start = sequence_starts[following] if following < len(sequence_starts) else None
+            next_start = _next_start(sequence_starts, stream.position) if sequence_starts else None
             stride = self.reach_stride if self._recording else None
             plan = plan_segment(
                 stream.source, stream.window, stream.position, batch_end, stream_end, self.recompute, next_start, stride
             )
-            x_seg = x.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
-            y_seg = y.narrow(self.time_dim, plan.start - offset, plan.end - plan.start)
+            x_seg, y_seg = _steps(x, self.time_dim, plan, offset), _steps(y, self.time_dim, plan, offset)
             resets = rows.get(plan.start - offset)
             # The optimizer step divides by the target count; a window that is a step's only gradient may
             # backpropagate its mean loss instead, as a hand-written loop does.
             as_mean = plan.whole_window and self.optim.one_window_per_step
-            loss, n, y_pred = run(plan, x_seg, y_seg, resets, self._recording, keep_predictions, as_mean)
-            total.add(loss, n, as_mean)
+            loss, n, is_mean, y_pred = run(plan, x_seg, y_seg, resets, self._recording, keep_predictions, as_mean)
+            total.add(loss, n, is_mean)
             self.optim.targets += n
             self.optim.divided = as_mean
             engine.state.targets_seen += n
@@ -304,12 +302,15 @@ class TBPTTStep:
         stream, source = self.stream, self.stream.source
         start = stream.window.start
         cut = source.cut(start, end)
-        next_cut = source.window(end).cut if stream_continues else None
+        stream.following = source.window(end) if stream_continues else None
+        next_cut = stream.following.cut if stream_continues else None
         reach = self.executor.close_window(start, cut, next_cut, self._recording, source.compensation(start))
         engine.state.gradient_reach = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0
-            engine.state.gradient_reach = reach_profile(reach, end, stream.window_loss.divisor, scale)
+            # What turns the backpropagated loss into the mean: 1 if the window backpropagated its mean.
+            divisor = 1 if self.optim.divided else stream.window_loss.targets
+            engine.state.gradient_reach = reach_profile(reach, end, divisor, scale)
         stream.window = None
         if self.optim.window_completed():
             self._optimizer_step(engine)
@@ -397,6 +398,18 @@ def tbptt_step_of(engine: Engine, handler: str) -> TBPTTStep:
     if not isinstance(step, TBPTTStep):
         raise TypeError(f"{handler} attaches to a TBPTT trainer: create_tbptt_trainer(...) or Engine(step).")
     return step
+
+
+def _steps(t: torch.Tensor, time_dim: int, plan: SegmentPlan, offset: int) -> torch.Tensor:
+    # The plan's steps of a batch that starts at step `offset` of the stream (basic slicing is the cheaper view).
+    start, end = plan.start - offset, plan.end - offset
+    return t[start:end] if time_dim == 0 else t.narrow(1, start, end - start)
+
+
+def _next_start(starts: list[int], step: int) -> int | None:
+    # The first step after `step` where some column starts a sequence, if any.
+    following = bisect_right(starts, step)
+    return starts[following] if following < len(starts) else None
 
 
 def _zero_counters(engine: Engine) -> None:

@@ -113,8 +113,8 @@ class WindowSource(ABC):
         end = window.end if stream_end is None else min(window.end, stream_end)
         if step < self.cut(window.start, end):
             return step + 1
-        if stream_end is not None and end == stream_end:
-            return end  # no later window
+        if (stream_end is not None and end == stream_end) or not self.spans_windows:
+            return end  # no later window, or none that reaches back into this one
         later = window
         while True:  # cuts never move backwards, so the first cut at or past `end` ends the search
             later = self.window(later.end)
@@ -136,7 +136,7 @@ class WindowSource(ABC):
 
         Only the next window needs asking: if it does not reach ``step``, no later one does.
         """
-        return self.window(window.end).cut <= step
+        return self.spans_windows and self.window(window.end).cut <= step
 
 
 class _K2Rule:

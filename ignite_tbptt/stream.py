@@ -31,6 +31,8 @@ class StreamState:
         hidden: the hidden state after the last step (``None`` at the stream's start).
         window: the open window, or ``None`` between windows.
         window_loss: the loss of the open window's steps so far, with their target count.
+        following: the window the source gave for the last completed window's end, if asked already (sources
+            give the same window for the same start until :meth:`reset`, so it need not be asked twice).
     """
 
     source: WindowSource
@@ -40,17 +42,22 @@ class StreamState:
     hidden: Any = None
     window: Window | None = None
     window_loss: LossSum = field(default_factory=LossSum)
+    following: Window | None = None
 
     def reset(self) -> None:
         """Forget the stream: position 0, no hidden state, no retained history, no open window."""
-        self.position, self.streams, self.hidden, self.window = 0, None, None, None
+        self.position, self.streams, self.hidden, self.window, self.following = 0, None, None, None, None
         self.window_loss = LossSum()
         self.history.clear()
         self.source.reset()
 
     def open_window(self) -> Window:
         """Start the window that begins at the current position."""
-        self.window = self.source.window(self.position)
+        following = self.following
+        self.window = following if following is not None and following.start == self.position else None
+        if self.window is None:
+            self.window = self.source.window(self.position)
+        self.following = None
         self.window_loss = LossSum()
         return self.window
 
