@@ -111,10 +111,10 @@ class OptimizerStep:
         engine.state.optimizer_step += 1
         fire(engine, TBPTTEvents.OPTIMIZER_STEP_STARTED)
         if self.scaler is not None:
-            scale = self.scaler.get_scale()
             self.scaler.step(self.optimizer)
+            skipped = self._scaler_skipped()
             self.scaler.update()
-            if self.scaler.get_scale() < scale:  # the scaler found inf/NaN and skipped the step
+            if skipped:
                 on_skip()
         elif found_inf is not None:
             self.optimizer.found_inf = found_inf
@@ -125,6 +125,21 @@ class OptimizerStep:
         else:
             self.optimizer.step()
         fire(engine, TBPTTEvents.OPTIMIZER_STEP_COMPLETED)
+
+    def _scaler_skipped(self) -> bool:
+        """Whether ``scaler.step`` skipped the step for inf/NaN gradients: one read, before ``update()`` forgets.
+
+        The finiteness flags ``unscale_`` left per device (``GradScaler._found_inf_per_device``, what its own
+        ``step`` decided on), rather than the scale before and after ``update()``, which costs two reads.
+        """
+        if not self.scaler.is_enabled():
+            return False
+        flags = list(self.scaler._found_inf_per_device(self.optimizer).values())
+        if not flags:  # no gradients to check
+            return False
+        if len(flags) == 1:
+            return bool(flags[0].item())
+        return bool(torch.stack([f.to(flags[0].device) for f in flags]).amax().item())
 
     def failure(self) -> FloatingPointError | None:
         """Read the device's decisions on the steps taken since the last call (one read), and forget them.

@@ -47,7 +47,8 @@ class TBPTTStep:
     only while a handler listens to ``TBPTTEvents.WINDOW_COMPLETED`` or ``Tbptt_Events.TIME_ITERATION_COMPLETED``.
     Without a scaler, the finiteness check of an optimizer step reads nothing with an optimizer that skips on the
     device (fused ``SGD``, ``Adam``, ``AdamW``), whose decisions are read once at the iteration's end, and one
-    value per step with any other. A batch with ``starts`` costs one read to find them.
+    value per step with any other. With a ``GradScaler``, whether it skipped a step is one read per step (besides
+    what ``GradScaler.step`` reads with an unfused optimizer). A batch with ``starts`` costs one read to find them.
     """
 
     def __init__(

@@ -50,6 +50,16 @@ def test_another_optimizer_reads_once_per_optimizer_step():
     assert reads == len(batches) + state.optimizer_step
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_scaler_costs_one_read_per_optimizer_step_to_see_whether_it_skipped(fused):
+    batches = make_batches([40] * 5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    reads, state = reads_in_run(batches, fused=fused, scaler=scaler, gradient_accumulation_steps=2)
+    assert state.optimizer_step == 5 * 4
+    # An unfused optimizer's GradScaler.step reads the same flags once more before it steps.
+    assert reads == len(batches) + state.optimizer_step * (1 if fused else 2)
+
+
 def test_the_window_output_is_read_only_for_handlers_of_window_events():
     batches = make_batches([40] * 5)
     outputs = []
