@@ -88,24 +88,31 @@ class Segment:
             The gradient reaching each input leaf (``None`` where none does), taken off the leaves so that
             nothing leaks into a later window's backward pass.
         """
-        tensors, grads = [], []
+        roots: list[torch.Tensor] = []
+        grads: list[torch.Tensor | None] = []
         if self.y_pred is not None:
-            tensors += self.y_pred
-            grads += self.y_grad
+            _add_roots(roots, grads, self.y_pred, self.y_grad)
             self.y_pred = self.y_grad = None
         if hidden_grad is not None:
-            tensors += self.outputs
-            grads += hidden_grad
-        pairs = [(t, g) for t, g in zip(tensors, grads) if g is not None and t.requires_grad]
+            _add_roots(roots, grads, self.outputs, hidden_grad)
         if self.loss is not None:
-            pairs.append((self.loss, None))  # a 0-dim root: autograd seeds it with one
+            roots.append(self.loss)
+            grads.append(None)  # a 0-dim root: autograd seeds it with one
             self.loss = None
-        if pairs:
-            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs], retain_graph=retain)
+        if roots:
+            torch.autograd.backward(roots, grads, retain_graph=retain)
         reached = [leaf.grad for leaf in self.inputs]
         for leaf in self.inputs:
             leaf.grad = None
         return reached
+
+
+def _add_roots(roots: list, grads: list, tensors: list[torch.Tensor], gradients: list) -> None:
+    # The tensors that take a gradient, with it.
+    for t, g in zip(tensors, gradients):
+        if g is not None and t.requires_grad:
+            roots.append(t)
+            grads.append(g)
 
 
 def reach_profile(reach: list, end: int, targets: int, scale: float = 1.0) -> dict[int, float]:

@@ -8,7 +8,10 @@ Two things break exact TBPTT with k2 > k1 under ``torch.compile`` and are handle
   so torch refuses: "This backward function was compiled with non-empty donated buffers which requires
   create_graph=False and retain_graph=False". :func:`retainable` switches donation off while the trainer
   runs a model call (where the graph is compiled) and a retaining backward call (where torch checks it), and
-  restores the setting after each, so the rest of the process keeps torch's default.
+  restores the setting after each, so the rest of the process keeps torch's default. The trainer opens one
+  such scope around each iteration whose graphs outlive an optimizer step (handlers of its window and step
+  events run inside it too), and the scopes inside it then cost nothing (setting torch's config costs a few
+  microseconds).
 - **Python hooks inside a compiled region.** The saved-tensor hooks of :mod:`ignite_tbptt.versions` run from
   inside the model's forward pass. Where Dynamo falls back to eager code (a graph break, e.g. around
   ``nn.GRU``), its frame evaluation would trace the hooks as new frames and recompile them for every
@@ -34,8 +37,15 @@ def compiling_possible() -> bool:
 
 
 def retainable() -> AbstractContextManager:
-    """Context in which compiled graphs get no donated buffers, so they may be backpropagated more than once."""
-    return _without_donated_buffers() if compiling_possible() else nullcontext()
+    """Context in which compiled graphs get no donated buffers, so they may be backpropagated more than once.
+
+    Inside another such context it does nothing: the outer one restores torch's setting when it closes.
+    """
+    return _without_donated_buffers() if compiling_possible() and not _open else _NO_CONTEXT
+
+
+_NO_CONTEXT = nullcontext()
+_open = 0  # retainable() contexts open now
 
 
 @contextmanager
@@ -43,11 +53,14 @@ def _without_donated_buffers() -> Iterator[None]:
     # Set and restored by hand: the config's own patch() grows a context-variable map with every use.
     import torch._functorch.config as config
 
+    global _open
     saved = config.donated_buffer
     config.donated_buffer = False
+    _open += 1
     try:
         yield
     finally:
+        _open -= 1
         config.donated_buffer = saved
 
 
@@ -57,14 +70,13 @@ def never_traced(*functions: Callable) -> None:
     Each function's own frames are skipped, not the frames it calls, so pass every function of the call chain.
     Marking again is free; before ``torch._dynamo`` is imported nothing can be compiled, and nothing is marked.
     """
-    if not compiling_possible():
+    if functions in _MARKED or not compiling_possible():
         return
     from torch._dynamo.eval_frame import skip_code
 
     for fn in functions:
-        if fn.__code__ not in _MARKED:
-            skip_code(fn.__code__)
-            _MARKED.add(fn.__code__)
+        skip_code(fn.__code__)
+    _MARKED.add(functions)
 
 
-_MARKED: set = set()
+_MARKED: set[tuple[Callable, ...]] = set()  # the calls that marked their functions

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -14,6 +15,7 @@ from . import distributed
 from . import hidden as hs
 from .backward_sweep import RetainedHistory, reach_profile
 from .batch import check_pair, check_resettable, default_reset_hidden, split_batch, start_rows
+from .compiled import retainable
 from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
 from .executor import SegmentExecutor, profiled
 from .forward import ModelCall
@@ -27,6 +29,7 @@ from .versions import ParameterVersions
 
 __all__ = ["TBPTTStep", "tbptt_step_of"]
 
+_NO_CONTEXT = nullcontext()
 _SOURCE_CHANGE = "the window source can only change before a run or between epochs; a stream is at step {}."
 
 
@@ -237,6 +240,11 @@ class TBPTTStep:
     # -- one iteration -----------------------------------------------------------------------------------------
     def __call__(self, engine: Engine, batch: Sequence[Any]) -> Any:
         """Run the segments of one batch; returns ``output_transform``'s value for the batch."""
+        # Compiled graphs that outlive an optimizer step must be backpropagated again: one scope per iteration.
+        with retainable() if self.versions is not None else _NO_CONTEXT:
+            return self._iterate(engine, batch)
+
+    def _iterate(self, engine: Engine, batch: Sequence[Any]) -> Any:
         if engine is not self._engine:
             self._attach_late(engine)
         self._raise_if_failed()

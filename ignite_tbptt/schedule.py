@@ -201,6 +201,21 @@ class Schedule(_K2Rule, WindowSource):
         end = start + self.k1
         return Window(start, end, self.cut(start, end))
 
+    def boundary(self, window: Window, step: int, stream_end: int | None = None) -> int:
+        """:meth:`WindowSource.boundary` in closed form: later cuts lie ``k2 - k1`` before their windows' starts.
+
+        The general rule walks the later windows one by one, ``k2 / k1`` of them per segment (eight at k1 = 1,
+        k2 = 8); here the first later cut past ``step`` is computed directly.
+        """
+        end = window.end if stream_end is None else min(window.end, stream_end)
+        if self.k2 <= self.k1 or end == stream_end:
+            return super().boundary(window, step, stream_end)
+        reach = self.k2 - self.k1
+        # The window starting `later * k1` after this one has its cut at start + later * k1 - reach.
+        later = (step - window.start + reach) // self.k1 + 1
+        cut = window.start + later * self.k1 - reach
+        return min(cut, end)
+
     def window_start(self, step: int) -> int:
         """First step of the window that contains ``step``."""
         return step - step % self.k1

@@ -3,6 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ignite_tbptt import Schedule
+from ignite_tbptt.schedule import WindowSource
 
 lengths = st.integers(1, 40)
 
@@ -56,6 +57,15 @@ def test_windows_cover_every_step_once_and_reach_at_most_k2_back(k1, k2, length)
         assert 0 <= cut <= end and end - cut <= k2
         if end - start == k1 and start - (k2 - k1) >= 0:
             assert end - cut == k2  # a full window reaches exactly k2 steps back
+
+
+@given(k1=lengths, k2=lengths, start_window=st.integers(0, 10), offset=st.integers(0, 39), known=st.booleans())
+def test_the_closed_form_boundary_equals_the_walk_over_later_windows(k1, k2, start_window, offset, known):
+    s = Schedule(k1, k2)
+    window = s.window(start_window * k1)
+    step = window.start + offset % k1
+    for stream_end in [step + 1, window.end, window.end + 3 * k1] if known else [None]:
+        assert s.boundary(window, step, stream_end) == WindowSource.boundary(s, window, step, stream_end)
 
 
 @given(k1=lengths, k2=lengths, steps=st.integers(0, 80))
