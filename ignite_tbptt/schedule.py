@@ -208,8 +208,10 @@ class Schedule(_K2Rule, WindowSource):
         k2 = 8); here the first later cut past ``step`` is computed directly.
         """
         end = window.end if stream_end is None else min(window.end, stream_end)
+        if step < self.cut(window.start, end):  # k2 < k1: each step before the cut alone
+            return step + 1
         if self.k2 <= self.k1 or end == stream_end:
-            return super().boundary(window, step, stream_end)
+            return end  # no later window reaches back into this one
         reach = self.k2 - self.k1
         # The window starting `later * k1` after this one has its cut at start + later * k1 - reach.
         later = (step - window.start + reach) // self.k1 + 1
