@@ -11,7 +11,9 @@ A *segment* is one model call over consecutive steps of a window. Before running
 - Any other segment's loss is backpropagated to its predictions at once (the loss graph, e.g. a large
   vocabulary's log-softmax, is freed) and the predictions' gradient is owed to the window's backward sweep,
   which traverses each segment once with the sum of that gradient and the hidden-state gradient of the
-  segments after it (Williams & Peng 1990, BPTT(h; h'), by linearity).
+  segments after it (Williams & Peng 1990, BPTT(h; h'), by linearity). The window's last segment, whose
+  sweep starts right after it, keeps its loss for the sweep's first traversal instead: one backward call
+  fewer, and its loss graph is freed at the same point of the window.
 - A segment that a later window reaches keeps its graph past this window's sweep and, since an optimizer
   step may come in between, the weights it ran with (:mod:`ignite_tbptt.versions`).
 - A segment also ends where some column of the batch starts a new sequence, so that the hidden-state reset
