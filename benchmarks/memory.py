@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from benchmarks.methods import CharModel, loss_fn
+from benchmarks.methods import Autocast, CharModel, loss_fn
 from ignite_tbptt import create_tbptt_trainer, default_model_fn
 
 
@@ -99,12 +99,19 @@ def main() -> None:
     p.add_argument("--recompute", type=int, default=None)
     p.add_argument("--batch-length", type=int, default=200)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--cell", default="lstm", choices=["lstm", "gru"])
     p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--embedding", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=100)
+    p.add_argument("--autocast", choices=["bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = p.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    model = CharModel(hidden=args.hidden).to(device)
+    model = CharModel(args.cell, args.vocab, args.embedding, args.hidden, args.layers).to(device)
+    if args.autocast:
+        model = Autocast(model, getattr(torch, args.autocast))
     samples = []
 
     def sampled(model, x, hidden):
@@ -128,7 +135,7 @@ def main() -> None:
     before = current_mib(device)
     saved = SavedBytes(model.parameters())
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, unpack):
-        trainer.run(Stream(args.steps, args.batch_length, args.batch), max_epochs=1)
+        trainer.run(Stream(args.steps, args.batch_length, args.batch, args.vocab), max_epochs=1)
     result = {"peak_mib": max(samples), "baseline_mib": before, "training_mib": max(samples) - before}
     print(json.dumps({**result, "saved_activations_mib": saved.peak / 2**20}))
 

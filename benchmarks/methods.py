@@ -16,21 +16,40 @@ from torch.func import functional_call
 
 from ignite_tbptt import GradientReach, Schedule, create_tbptt_trainer
 
-__all__ = ["CharModel", "loss_fn", "hand", "segmented", "ignite", "chained", "recompute", "ours"]
+__all__ = ["CharModel", "Autocast", "loss_fn", "hand", "segmented", "ignite", "chained", "recompute", "ours"]
 
 
 class CharModel(nn.Module):
-    """The char-LM shape: embedding 64, a recurrent layer of 256, read-out over the vocabulary."""
+    """The char-LM shape: embedding 64, ``layers`` recurrent layers of 256, read-out over the vocabulary."""
 
-    def __init__(self, cell: str = "lstm", vocab: int = 100, embedding: int = 64, hidden: int = 256) -> None:
+    def __init__(
+        self, cell: str = "lstm", vocab: int = 100, embedding: int = 64, hidden: int = 256, layers: int = 1
+    ) -> None:
         super().__init__()
         self.embedding = nn.Embedding(vocab, embedding)
-        self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell](embedding, hidden)
+        self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell](embedding, hidden, num_layers=layers)
         self.readout = nn.Linear(hidden, vocab)
 
     def forward(self, x, hidden=None):
         out, hidden = self.rnn(self.embedding(x), hidden)
         return self.readout(out), hidden
+
+
+class Autocast(nn.Module):
+    """``model`` run under ``torch.autocast`` with ``dtype``; its predictions come back in float32 for the loss.
+
+    Wrapping the model, rather than each loop, puts every method under the same autocast: the hand loops and
+    ignite's trainer have no autocast argument.
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.model, self.dtype = model, dtype
+
+    def forward(self, x, hidden=None):
+        with torch.autocast(x.device.type, dtype=self.dtype):
+            y_pred, hidden = self.model(x, hidden)
+        return y_pred.float(), hidden
 
 
 def loss_fn(y_pred, y):

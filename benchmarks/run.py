@@ -7,7 +7,8 @@ k1 = k2 and k2 > k1; the compute limit (forward over the steps, k2/k1 backward p
 per window, from the hand loop's own timings in chunks of k1; with a second forward pass for recomputation
 mode); peak memory in fresh processes for short and long streams and for recomputation mode. Prints a
 markdown table, writes JSON, and with ``--markdown`` the table with the machine and the command. ``--quick``
-is a smoke run on tiny sizes.
+is a smoke run on tiny sizes. ``--hidden``, ``--layers``, ``--embedding``, ``--vocab``, ``--batch`` and
+``--autocast`` set the model and the batches (default: the char-LM's 256 units, vocabulary 100, 32 streams).
 """
 
 from __future__ import annotations
@@ -49,8 +50,8 @@ Machine: {machine} ({device}).
 
 Command: `{command}`
 
-Every method trains the same model (embedding 64, an LSTM or GRU of 256, vocabulary 100) with Adam on
-the same random tokens, in batches of 200 steps by 32 streams, each batch its own stream. Runs are
+Every method trains the same model ({model}) with Adam on the same random tokens, each batch its own
+stream. Runs are
 interleaved (in an order rotated every repeat) and repeated; times are the median, with the fastest
 and slowest run.
 
@@ -95,18 +96,19 @@ The ratios are times: *vs compute limit* over the compute limit's, *vs hand* ove
 (k1 = k2) or the exact hand loop's (k2 > k1), *vs baseline* over the same method without its variation:
 ours without starts or recording, and fixed windows on one stream for random windows. Below 1.00x is faster.
 
-Memory: each row is one training run in a fresh process, `carry_hidden=True`, batches of 200 steps
-(`benchmarks/memory.py`). Peak memory is the resident set sampled after every model call; above baseline
-subtracts the resident set of the process ready to train (after one forward pass without a graph); saved
-activations are the most bytes autograd held for backward at once, counted only where that count is
-complete (k2 <= k1 and recomputation mode).
+Memory: each row is one training run of the first model of `--cells` (the LSTM by default) in a fresh
+process, `carry_hidden=True`, batches of 200 steps (`benchmarks/memory.py`). Peak memory is the resident
+set (on CUDA, the allocator's allocated bytes) sampled after every model call; above baseline subtracts
+that of the process ready to train (after one forward pass without a graph); saved activations are the
+most bytes autograd held for backward at once, counted only where that count is complete (k2 <= k1 and
+recomputation mode).
 
 """
 
 
-def make_batches(steps: int, length: int, batch: int, device: torch.device, seed: int = 0):
+def make_batches(steps: int, length: int, batch: int, device: torch.device, seed: int = 0, vocab: int = 100):
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, 100, (steps + 1, batch), generator=g).to(device)
+    tokens = torch.randint(0, vocab, (steps + 1, batch), generator=g).to(device)
     return [(tokens[i : i + length], tokens[i + 1 : i + 1 + length]) for i in range(0, steps, length)]
 
 
@@ -116,9 +118,25 @@ def with_documents(batches, mean: float, seed: int = 1):
     return [(x, y, (torch.rand(x.shape[:2], generator=g) < 1 / mean).to(x.device)) for x, y in batches]
 
 
-def timed(method, cell, batches, k1, k2, device, **kwargs):
+def build_model(args, cell: str, device: torch.device) -> torch.nn.Module:
+    """The benchmark's model for ``cell`` at the sizes ``args`` give, under autocast if ``args.autocast``."""
+    model = methods.CharModel(cell, args.vocab, args.embedding, args.hidden, args.layers).to(device)
+    return model if args.autocast is None else methods.Autocast(model, getattr(torch, args.autocast))
+
+
+def describe(args) -> str:
+    """The model and batches, in words, for the page."""
+    layers = f"{args.layers} layers of" if args.layers > 1 else "a layer of"
+    cast = f", under {args.autocast} autocast (the loss in float32)" if args.autocast else ""
+    return (
+        f"embedding {args.embedding}, an LSTM or GRU ({layers} {args.hidden} units), vocabulary {args.vocab}{cast}, "
+        f"in batches of 200 steps by {args.batch} streams"
+    )
+
+
+def timed(method, cell, batches, k1, k2, device, build, **kwargs):
     torch.manual_seed(0)
-    model = methods.CharModel(cell).to(device)
+    model = build(cell)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     batches = kwargs.pop("data", batches)
     start = time.perf_counter()
@@ -128,8 +146,9 @@ def timed(method, cell, batches, k1, k2, device, **kwargs):
 
 def run_time(args, device):
     rows = []
-    steps, batch_length, batch = (120, 60, 4) if args.quick else (args.steps, 200, 32)
-    batches = make_batches(steps, batch_length, batch, device)
+    steps, batch_length, batch = (120, 60, args.batch) if args.quick else (args.steps, 200, args.batch)
+    batches = make_batches(steps, batch_length, batch, device, vocab=args.vocab)
+    build = functools.partial(build_model, args, device=device)
     tokens = steps * batch
     for cell in args.cells:
         for k1, k2 in args.pairs:
@@ -178,7 +197,7 @@ def run_time(args, device):
             phases = []
             for name, (method, kwargs) in contenders.items():  # warm-up, untimed
                 kwargs = {**kwargs, "data": kwargs.get("data", batches)[:1]}
-                timed(method, cell, batches, k1, k1 if name == "hand" else k2, device, **kwargs)
+                timed(method, cell, batches, k1, k1 if name == "hand" else k2, device, build, **kwargs)
             names = list(contenders)
             for repeat in range(args.repeats):
                 # Interleaved, so that drift in the machine's speed hits all alike, and rotated, so that no
@@ -186,7 +205,7 @@ def run_time(args, device):
                 for name in rotated(names, repeat):
                     method, kwargs = contenders[name]
                     seconds, split = timed(
-                        method, cell, batches, k1, k1 if name == "hand" else k2, device, **dict(kwargs)
+                        method, cell, batches, k1, k1 if name == "hand" else k2, device, build, **dict(kwargs)
                     )
                     times[name].append(seconds)
                     if name == "hand":
@@ -229,6 +248,12 @@ def run_memory(args):
             command += ["--recompute", str(recompute)]
         if args.quick:
             command += ["--batch", "4", "--hidden", "32", "--batch-length", "20"]
+        else:
+            command += ["--batch", str(args.batch), "--hidden", str(args.hidden)]
+        command += ["--cell", args.cells[0], "--layers", str(args.layers), "--vocab", str(args.vocab)]
+        command += ["--embedding", str(args.embedding)]
+        if args.autocast:
+            command += ["--autocast", args.autocast]
         env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}  # see benchmarks/memory.py
         out = subprocess.run(command, capture_output=True, text=True, check=True, env=env).stdout
         rows.append({"steps": steps, "k1": k1, "k2": k2, "recompute": recompute, **json.loads(out.splitlines()[-1])})
@@ -286,6 +311,14 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=1000, help="steps per timed run (batches of 200, 32 streams)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--cells", nargs="+", default=["lstm", "gru"])
+    p.add_argument("--hidden", type=int, default=256, help="units per recurrent layer")
+    p.add_argument("--layers", type=int, default=1, help="recurrent layers")
+    p.add_argument("--embedding", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=100)
+    p.add_argument("--batch", type=int, default=32, help="parallel streams per batch")
+    p.add_argument(
+        "--autocast", choices=["bfloat16", "float16"], help="run the model under torch.autocast with this dtype"
+    )
     p.add_argument(
         "--pairs",
         nargs="+",
@@ -308,7 +341,7 @@ def main(argv=None):
     p.add_argument("--markdown", type=Path, help="also write the table, machine and command to this file")
     args = p.parse_args(argv)
     if args.quick:
-        args.repeats, args.cells = 1, ["lstm"]
+        args.repeats, args.cells, args.batch = 1, args.cells[:1], 4
     device = torch.device(args.device)
     time_rows, memory_rows = run_time(args, device), [] if args.no_memory else run_memory(args)
     machine = (
@@ -326,9 +359,10 @@ def main(argv=None):
         title = "Benchmarks" if device.type == "cpu" else f"Benchmarks on {device.type.upper()}"
         title += ": sequence starts" if args.documents else ""
         title += ": variable and recorded truncation" if args.truncation else ""
-        args.markdown.write_text(
-            PAGE.format(title=title, machine=machine, device=args.device, command=result["command"]) + text + "\n"
+        page = PAGE.format(
+            title=title, machine=machine, device=args.device, command=result["command"], model=describe(args)
         )
+        args.markdown.write_text(page + text + "\n")
     return result
 
 

@@ -1,3 +1,4 @@
+import argparse
 import functools
 import json
 
@@ -63,6 +64,22 @@ def test_quick_benchmark_runs_every_contender_and_writes_its_table(tmp_path):
     assert [(r["steps"], r["recompute"]) for r in result["memory"]] == [(60, None), (240, None), (40, 5)]
     assert all(r["saved_activations_mib"] > 0 for r in result["memory"])
     assert "| lstm | 25 | 50 | chained |" in markdown.read_text()
+
+
+def test_the_benchmark_runs_at_other_sizes_and_under_autocast(tmp_path):
+    markdown, out = tmp_path / "page.md", tmp_path / "result.json"
+    sizes = ["--layers", "2", "--hidden", "24", "--vocab", "40", "--embedding", "8", "--autocast", "bfloat16"]
+    # A GRU: oneDNN's CPU LSTM has no bfloat16 kernel on every machine (CUDA's has).
+    options = ["--quick", "--cells", "gru", "--pairs", "20/30", *sizes, "--out", str(out), "--markdown", str(markdown)]
+    result = run.main(options)
+    assert {"ours", "hand, exact segments", "compute limit"} <= {r["method"] for r in result["time"]}
+    assert {r["model"] for r in result["time"]} == {"gru"}
+    assert len(result["memory"]) == 3 and all(r["peak_mib"] > 0 for r in result["memory"])
+    assert "(2 layers of 24 units), vocabulary 40, under bfloat16 autocast" in markdown.read_text()
+    # Every method trains this model: two layers, 40 symbols, predictions back in float32 for the loss.
+    args = argparse.Namespace(vocab=40, embedding=8, hidden=24, layers=2, autocast="bfloat16")
+    y_pred, hidden = run.build_model(args, "gru", torch.device("cpu"))(torch.zeros(5, 3, dtype=torch.long))
+    assert y_pred.shape == (5, 3, 40) and y_pred.dtype == torch.float32 and hidden.shape[0] == 2
 
 
 def test_overhead_benchmark_counts_no_host_read_per_window_for_ours(tmp_path):
