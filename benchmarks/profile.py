@@ -26,22 +26,32 @@ def main(argv=None):
     p.add_argument("--k1", type=int, default=25)
     p.add_argument("--k2", type=int, default=25)
     p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=1)
     p.add_argument("--vocab", type=int, default=100)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--recompute", type=int, default=None)
     p.add_argument("--fused", action="store_true", help="Adam(fused=True): no host read per optimizer step")
+    p.add_argument("--autocast", choices=["bfloat16", "float16"], help="the trainer's autocast_dtype")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--rows", type=int, default=15, help="operators to list")
     args = p.parse_args(argv)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    model = methods.CharModel(args.cell, vocab=args.vocab, hidden=args.hidden).to(device)
+    model = methods.CharModel(args.cell, vocab=args.vocab, hidden=args.hidden, layers=args.layers).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=args.fused or None)
+    dtype = getattr(torch, args.autocast) if args.autocast else None
     trainer = create_tbptt_trainer(
-        model, optimizer, methods.loss_fn, args.k1, args.k2, recompute=args.recompute, carry_hidden=True
+        model,
+        optimizer,
+        methods.loss_fn,
+        args.k1,
+        args.k2,
+        recompute=args.recompute,
+        carry_hidden=True,
+        autocast_dtype=dtype,
     )
-    batches = make_batches(args.steps, 200, args.batch, device)
+    batches = make_batches(args.steps, 200, args.batch, device, vocab=args.vocab)
     trainer.run(batches[:1])  # warm-up: first calls, allocator, kernels chosen
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
