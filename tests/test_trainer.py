@@ -344,3 +344,27 @@ def test_an_ignite_engine_runs_the_training_step_as_create_tbptt_trainer_does():
     engine.run(batches, max_epochs=2)
     assert_same_parameters(ours, plain, atol=0)
     assert windows == [8, 16] and engine.state.optimizer_step == trainer.state.optimizer_step == 16
+
+
+@pytest.mark.parametrize("k1,k2,per_window", [(2, 4, 2), (3, 5, 4), (4, 4, 1)])
+def test_a_windows_last_segment_pays_its_loss_in_the_sweeps_first_backward_call(monkeypatch, k1, k2, per_window):
+    # Backward calls per window inside the stream: at 2/4 one for the window's segment and its loss together and
+    # one for the retained segment before it (three before the last segment's loss joined its traversal); at
+    # 3/5 the first segment (up to the next window's cut) pays its loss at once, then the sweep traverses three
+    # segments; at k1 = k2 one. The stream's first and last windows have nothing before or after them.
+    calls = []
+    engine_run_backward = torch.autograd._engine_run_backward
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return engine_run_backward(*args, **kwargs)
+
+    torch.manual_seed(0)
+    model = Net().double()
+    trainer = create_tbptt_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), cross_entropy, k1, k2)
+    ends = [0]
+    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda _: ends.append(len(calls)))
+    monkeypatch.setattr(torch.autograd, "_engine_run_backward", counted)
+    trainer.run(make_batches([12 * k1]))
+    per_window_calls = [b - a for a, b in zip(ends, ends[1:])]
+    assert len(per_window_calls) == 12 and set(per_window_calls[2:-1]) == {per_window}
