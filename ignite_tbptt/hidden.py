@@ -36,6 +36,9 @@ def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
         t = t.detach()
         return t.requires_grad_() if requires_grad and (t.is_floating_point() or t.is_complex()) else t
 
+    if isinstance(tree, torch.Tensor):  # nn.RNN and nn.GRU: one model call each, so the shortest path
+        t = leaf(tree)
+        return t, [t]
     plain = _plain(tree)
     if plain is not None:
         leaves = [leaf(t) for t in plain]
@@ -56,6 +59,8 @@ def signature(tree: Any) -> Any:
 
 def interchangeable(a: Any, b: Any) -> bool:
     """Whether ``a`` and ``b`` have the same :func:`signature` (checked once per model call, so tensors first)."""
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        return a.shape == b.shape and a.dtype == b.dtype
     plain_a, plain_b = _plain(a), _plain(b)
     if plain_a is None or plain_b is None or isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
         return signature(a) == signature(b)
@@ -69,9 +74,12 @@ def _plain(tree: Any) -> tuple[torch.Tensor, ...] | None:
     # helpers that run once per model call take this shortcut.
     if isinstance(tree, torch.Tensor):
         return (tree,)
-    if type(tree) is tuple and all(isinstance(t, torch.Tensor) for t in tree):
-        return tree
-    return None
+    if type(tree) is not tuple:
+        return None
+    for t in tree:
+        if not isinstance(t, torch.Tensor):
+            return None
+    return tree
 
 
 def cat(parts: list[Any], dim: int) -> Any:
