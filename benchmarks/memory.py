@@ -18,7 +18,7 @@ import json
 
 import torch
 
-from benchmarks.methods import Autocast, CharModel, loss_fn
+from benchmarks.methods import build_model, loss_fn
 from ignite_tbptt import create_tbptt_trainer, default_model_fn
 
 
@@ -109,9 +109,7 @@ def main() -> None:
     args = p.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    model = CharModel(args.cell, args.vocab, args.embedding, args.hidden, args.layers).to(device)
-    if args.autocast:
-        model = Autocast(model, getattr(torch, args.autocast))
+    model = build_model(args, args.cell, device)
     samples = []
 
     def sampled(model, x, hidden):

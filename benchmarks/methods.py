@@ -16,7 +16,18 @@ from torch.func import functional_call
 
 from ignite_tbptt import GradientReach, Schedule, create_tbptt_trainer
 
-__all__ = ["CharModel", "Autocast", "loss_fn", "hand", "segmented", "ignite", "chained", "recompute", "ours"]
+__all__ = [
+    "CharModel",
+    "Autocast",
+    "build_model",
+    "loss_fn",
+    "hand",
+    "segmented",
+    "ignite",
+    "chained",
+    "recompute",
+    "ours",
+]
 
 
 class CharModel(nn.Module):
@@ -50,6 +61,16 @@ class Autocast(nn.Module):
         with torch.autocast(x.device.type, dtype=self.dtype):
             y_pred, hidden = self.model(x, hidden)
         return y_pred.float(), hidden
+
+
+def build_model(options, cell: str, device: torch.device) -> nn.Module:
+    """A :class:`CharModel` of ``cell`` at ``options``' sizes, in :class:`Autocast` if ``options.autocast`` is set.
+
+    ``options`` has ``vocab``, ``embedding``, ``hidden``, ``layers`` and ``autocast`` (a dtype's name, or None):
+    the command-line options of ``benchmarks.run`` and ``benchmarks.memory``.
+    """
+    model = CharModel(cell, options.vocab, options.embedding, options.hidden, options.layers).to(device)
+    return model if options.autocast is None else Autocast(model, getattr(torch, options.autocast))
 
 
 def loss_fn(y_pred, y):

@@ -118,12 +118,6 @@ def with_documents(batches, mean: float, seed: int = 1):
     return [(x, y, (torch.rand(x.shape[:2], generator=g) < 1 / mean).to(x.device)) for x, y in batches]
 
 
-def build_model(args, cell: str, device: torch.device) -> torch.nn.Module:
-    """The benchmark's model for ``cell`` at the sizes ``args`` give, under autocast if ``args.autocast``."""
-    model = methods.CharModel(cell, args.vocab, args.embedding, args.hidden, args.layers).to(device)
-    return model if args.autocast is None else methods.Autocast(model, getattr(torch, args.autocast))
-
-
 def describe(args) -> str:
     """The model and batches, in words, for the page."""
     layers = f"{args.layers} layers of" if args.layers > 1 else "a layer of"
@@ -148,7 +142,7 @@ def run_time(args, device):
     rows = []
     steps, batch_length, batch = (120, 60, args.batch) if args.quick else (args.steps, 200, args.batch)
     batches = make_batches(steps, batch_length, batch, device, vocab=args.vocab)
-    build = functools.partial(build_model, args, device=device)
+    build = functools.partial(methods.build_model, args, device=device)
     tokens = steps * batch
     for cell in args.cells:
         for k1, k2 in args.pairs:

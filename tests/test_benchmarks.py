@@ -78,7 +78,7 @@ def test_the_benchmark_runs_at_other_sizes_and_under_autocast(tmp_path):
     assert "(2 layers of 24 units), vocabulary 40, under bfloat16 autocast" in markdown.read_text()
     # Every method trains this model: two layers, 40 symbols, predictions back in float32 for the loss.
     args = argparse.Namespace(vocab=40, embedding=8, hidden=24, layers=2, autocast="bfloat16")
-    y_pred, hidden = run.build_model(args, "gru", torch.device("cpu"))(torch.zeros(5, 3, dtype=torch.long))
+    y_pred, hidden = methods.build_model(args, "gru", torch.device("cpu"))(torch.zeros(5, 3, dtype=torch.long))
     assert y_pred.shape == (5, 3, 40) and y_pred.dtype == torch.float32 and hidden.shape[0] == 2
 
 
