@@ -312,7 +312,7 @@ class TBPTTStep:
         start = stream.window.start
         cut = source.cut(start, end)
         stream.following = source.window(end) if stream_continues else None
-        next_cut = stream.following.cut if stream_continues else None
+        next_cut = None if stream.following is None else stream.following.cut
         reach = self.executor.close_window(start, cut, next_cut, self._recording, source.compensation(start))
         engine.state.gradient_reach = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows

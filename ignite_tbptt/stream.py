@@ -53,11 +53,10 @@ class StreamState:
 
     def open_window(self) -> Window:
         """Start the window that begins at the current position."""
-        following = self.following
-        self.window = following if following is not None and following.start == self.position else None
-        if self.window is None:
-            self.window = self.source.window(self.position)
-        self.following = None
+        window = self.following
+        if window is None or window.start != self.position:
+            window = self.source.window(self.position)
+        self.window, self.following = window, None
         self.window_loss = LossSum()
         return self.window
 
