@@ -161,6 +161,8 @@ class SegmentExecutor:
         Returns:
             The ``(step, gradients)`` the sweep gathered if ``recording``, else ``None``.
         """
+        if not recording and not self.stream.history.segments:  # every segment was paid at once (k1 = k2, say)
+            return None
         reach: list | None = [] if recording else None
         with profiled("tbptt.sweep"):
             self.stream.history.backward(start, cut, next_cut, reach, factors)

@@ -62,6 +62,7 @@ class ModelCall:
         reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
     ) -> None:
         self.model, self.model_fn, self.autocast, self.reset_hidden = model, model_fn, autocast, reset_hidden
+        self._plain = autocast() is _NO_CONTEXT  # no context to enter around a call without weight hooks
 
     def __call__(
         self,
@@ -86,10 +87,13 @@ class ModelCall:
             TypeError: if ``model_fn`` does not return a pair.
             ValueError: if the hidden state changed structure or shape.
         """
-        hooks = versions.hooks() if keep_weights else _NO_CONTEXT
-        with self.autocast(), hooks, retainable() if versions is not None else _NO_CONTEXT:
-            reset = hidden if starts is None or hidden is None else self.reset_hidden(hidden, starts)
-            output = self.model_fn(self.model, x, reset)
+        reset = starts is not None and hidden is not None
+        if self._plain and versions is None:  # k2 <= k1 without autocast: no context to enter
+            output = self.model_fn(self.model, x, self.reset_hidden(hidden, starts) if reset else hidden)
+        else:
+            hooks = versions.hooks() if keep_weights else _NO_CONTEXT
+            with self.autocast(), hooks, retainable() if versions is not None else _NO_CONTEXT:
+                output = self.model_fn(self.model, x, self.reset_hidden(hidden, starts) if reset else hidden)
         if not isinstance(output, (tuple, list)) or len(output) != 2:
             raise TypeError(
                 "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "

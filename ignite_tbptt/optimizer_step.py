@@ -237,7 +237,7 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
         and (earlier is None or earlier.device == device)
         and all(not g.is_sparse and g.dtype == dtype and g.device == device for g in grads)
     ):  # the usual case, one kernel: dense gradients of one dtype on one device
-        found = earlier.clone() if earlier is not None else torch.zeros((), device=device, dtype=torch.float32)
+        found = (earlier if earlier is not None else _zero(device)).clone()
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(device, divisor))
         return found
     # One kernel per device, dtype and whether it divides (GradScaler groups alike: one dtype per kernel).
@@ -254,7 +254,7 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
     flags = []
     for (device, _, scaled), group in groups.items():
         carried = earlier is not None and not flags and earlier.device == device
-        found = earlier.clone() if carried else torch.zeros((), device=device, dtype=torch.float32)
+        found = (earlier if carried else _zero(device)).clone()
         scale = _inverse(device, divisor if scaled else 1)
         torch._amp_foreach_non_finite_check_and_unscale_(group, found, scale)
         flags.append(found)
@@ -271,3 +271,9 @@ _SCALED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 def _inverse(device: torch.device, divisor: int) -> torch.Tensor:
     # The kernel's inverse scale, never written to: one tensor per device and target count, reused every step.
     return torch.full((), 1.0 / divisor, device=device, dtype=torch.float32)
+
+
+@functools.lru_cache(maxsize=16)
+def _zero(device: torch.device) -> torch.Tensor:
+    # A float32 0.0 per device, never written to: a step's decision starts as its clone, cheaper than zeros().
+    return torch.zeros((), device=device, dtype=torch.float32)

@@ -130,16 +130,19 @@ def plan_segment(
     deferred = recompute is not None and not own_loss_only
     reached_later = end != stream_end and source.reaches_back(window, step)
     closes_window = end == window_end
+    backward_now = own_loss_only or (not deferred and closes_window and not reached_later)
+    keep_weights = reached_later and not deferred
+    # In the fields' order: keyword arguments would double the cost of the tuple, made once per model call.
     return SegmentPlan(
-        start=step,
-        end=end,
-        window_end=window_end,
-        opens_window=step == window.start,
-        closes_window=closes_window,
-        own_loss_only=own_loss_only,
-        backward_now=own_loss_only or (not deferred and closes_window and not reached_later),
-        recompute=deferred,
-        reached_later=reached_later,
-        keep_weights=reached_later and not deferred,
-        hidden_requires_grad=step > lowest_cut,
+        step,
+        end,
+        window_end,
+        step == window.start,
+        closes_window,
+        own_loss_only,
+        backward_now,
+        deferred,
+        reached_later,
+        keep_weights,
+        step > lowest_cut,
     )
