@@ -18,7 +18,7 @@ al., 2016, "Training deep nets with sublinear memory cost", arXiv:1604.06174, se
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -201,7 +201,7 @@ class RetainedHistory:
             return
         # Graphs the next window traverses again are backpropagated with retain_graph: one switch for the sweep.
         retaining = next_cut is not None and bool(self.segments) and self.segments[-1].start >= next_cut
-        with retainable() if retaining else nullcontext():
+        with retainable(retaining):
             hidden_grad = None
             for segment in reversed(self.segments):
                 if segment.start < cut:

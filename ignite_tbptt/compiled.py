@@ -36,12 +36,13 @@ def compiling_possible() -> bool:
     return "torch._dynamo" in sys.modules
 
 
-def retainable() -> AbstractContextManager:
+def retainable(needed: bool = True) -> AbstractContextManager:
     """Context in which compiled graphs get no donated buffers, so they may be backpropagated more than once.
 
-    Inside another such context it does nothing: the outer one restores torch's setting when it closes.
+    With ``needed`` false (no graph outlives its first backward call), and inside another such context, it does
+    nothing: the outer one restores torch's setting when it closes.
     """
-    return _without_donated_buffers() if compiling_possible() and not _open else _NO_CONTEXT
+    return _without_donated_buffers() if needed and compiling_possible() and not _open else _NO_CONTEXT
 
 
 _NO_CONTEXT = nullcontext()

@@ -153,10 +153,11 @@ class SegmentExecutor:
         stream.window_loss.add(loss, n, is_mean)
         return loss, n, is_mean, hs.detached(y_pred) if keep_predictions else None
 
-    def close_window(
-        self, start: int, cut: int, next_cut: int | None, recording: bool, factors: dict[int, float] | None = None
-    ) -> list | None:
+    def close_window(self, start: int, cut: int, next_cut: int | None, recording: bool) -> list | None:
         """The backward sweep of the window that starts at ``start``; see :meth:`RetainedHistory.backward`.
+
+        The stream's source gives the factors of the hidden-state gradient inside the window (ARTBP's
+        compensation), asked only when a sweep runs.
 
         Returns:
             The ``(step, gradients)`` the sweep gathered if ``recording``, else ``None``.
@@ -165,7 +166,7 @@ class SegmentExecutor:
             return None
         reach: list | None = [] if recording else None
         with profiled("tbptt.sweep"):
-            self.stream.history.backward(start, cut, next_cut, reach, factors)
+            self.stream.history.backward(start, cut, next_cut, reach, self.stream.source.compensation(start))
         return reach
 
 

@@ -92,7 +92,7 @@ class ModelCall:
             output = self.model_fn(self.model, x, self.reset_hidden(hidden, starts) if reset else hidden)
         else:
             hooks = versions.hooks() if keep_weights else _NO_CONTEXT
-            with self.autocast(), hooks, retainable() if versions is not None else _NO_CONTEXT:
+            with self.autocast(), hooks, retainable(versions is not None):
                 output = self.model_fn(self.model, x, self.reset_hidden(hidden, starts) if reset else hidden)
         if not isinstance(output, (tuple, list)) or len(output) != 2:
             raise TypeError(

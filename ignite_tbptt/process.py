@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -29,7 +28,6 @@ from .versions import ParameterVersions
 
 __all__ = ["TBPTTStep", "tbptt_step_of"]
 
-_NO_CONTEXT = nullcontext()
 _SOURCE_CHANGE = "the window source can only change before a run or between epochs; a stream is at step {}."
 
 
@@ -241,7 +239,7 @@ class TBPTTStep:
     def __call__(self, engine: Engine, batch: Sequence[Any]) -> Any:
         """Run the segments of one batch; returns ``output_transform``'s value for the batch."""
         # Compiled graphs that outlive an optimizer step must be backpropagated again: one scope per iteration.
-        with retainable() if self.versions is not None else _NO_CONTEXT:
+        with retainable(self.versions is not None):
             return self._iterate(engine, batch)
 
     def _iterate(self, engine: Engine, batch: Sequence[Any]) -> Any:
@@ -313,7 +311,7 @@ class TBPTTStep:
         cut = source.cut(start, end)
         stream.following = source.window(end) if stream_continues else None
         next_cut = None if stream.following is None else stream.following.cut
-        reach = self.executor.close_window(start, cut, next_cut, self._recording, source.compensation(start))
+        reach = self.executor.close_window(start, cut, next_cut, self._recording)
         engine.state.gradient_reach = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scale = self.scaler.get_scale() if self.scaler is not None else 1.0
