@@ -66,8 +66,12 @@ class SegmentPlan(NamedTuple):
 
     @property
     def whole_window(self) -> bool:
-        """Whether the segment is its window, backpropagated at once: its loss is all the window's gradient."""
-        return self.opens_window and self.closes_window and self.backward_now and not self.own_loss_only
+        """Whether the segment is its window: its loss is the only one the window backpropagates.
+
+        Paid at once or in the window's sweep alike: retained segments of earlier windows that the sweep passes
+        through bring no loss of their own, their windows paid it.
+        """
+        return self.opens_window and self.closes_window and not self.own_loss_only
 
     @property
     def retained(self) -> bool:

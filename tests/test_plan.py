@@ -126,6 +126,24 @@ def test_k1_equal_k2_is_one_call_paid_at_once_per_window():
     assert all(p.backward_now and not p.reached_later and not p.keep_weights for p, _ in plans)
 
 
+def test_a_window_of_one_segment_is_whole_whether_paid_at_once_or_in_its_sweep():
+    # The trainer backpropagates such a window's mean loss when it is its optimizer step's only window.
+    # TBPTT(4, 8): one model call per window; its loss waits for the sweep that reaches 4 steps further back,
+    # except in the stream's last window, which nothing reaches.
+    plans, _ = plan_stream(4, 8, [12], known=True, recompute=None)
+    assert [(p.start, p.whole_window, p.backward_now) for p, _ in plans] == [
+        (0, True, False),
+        (4, True, False),
+        (8, True, True),
+    ]
+    # TBPTT(4, 6): the next window's cut splits each window in two, two losses; the stream's last window is one.
+    plans, _ = plan_stream(4, 6, [9], known=True, recompute=None)
+    assert [p.whole_window for p, _ in plans] == [False, False, False, False, True]
+    # TBPTT(4, 2): the steps before the cut are segments of their own loss only.
+    plans, _ = plan_stream(4, 2, [8], known=True, recompute=None)
+    assert not any(p.whole_window for p, _ in plans)
+
+
 @pytest.mark.parametrize("known", [True, False])
 def test_k2_above_k1_splits_at_the_next_windows_cut_and_keeps_only_what_it_reaches(known):
     # TBPTT(4, 6): window [4, 8) reaches back to 2, window [8, 12) to 6.
