@@ -15,7 +15,9 @@ window, and on a shared machine noise only adds time (as ``timeit`` advises, the
 
 ``ours, unfused SGD`` is ``create_tbptt_trainer`` with the plain SGD, whose finiteness check reads once per step.
 Neither the hand loops nor ignite's trainer check the gradients for inf/NaN; ``create_tbptt_trainer`` does at
-every optimizer step (a kernel and, with a fused optimizer, its ``found_inf`` argument).
+every optimizer step (a kernel and, with a fused optimizer, its ``found_inf`` argument). ``ours, no inf/NaN
+check (ablation)`` is ``create_tbptt_trainer`` with that check replaced by a constant "all finite", to show what
+the check costs: it is not an option of the trainer, and a step with inf/NaN gradients would then be applied.
 """
 
 from __future__ import annotations
@@ -27,11 +29,13 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 from benchmarks import methods
 from benchmarks.report import markdown_table, rotated, write_page
+from ignite_tbptt import optimizer_step
 
 READS = ("item", "tolist", "__bool__", "__float__", "__int__")
 CASES = [(5, 5), (1, 8)]
@@ -75,7 +79,11 @@ def train(method, batches, k1, k2, fused=True):
 
 
 def contenders(k1, k2):
-    ours = {"ours": methods.ours, "ours, unfused SGD": functools.partial(unfused, methods.ours)}
+    ours = {
+        "ours": methods.ours,
+        "ours, unfused SGD": functools.partial(unfused, methods.ours),
+        "ours, no inf/NaN check (ablation)": unchecked,
+    }
     if k1 == k2:
         return {"hand": methods.hand, "ignite": methods.ignite, **ours}
     return {"hand, exact segments": methods.segmented, **ours}
@@ -83,6 +91,19 @@ def contenders(k1, k2):
 
 def unfused(method, model, optimizer, *args):
     return method(model, torch.optim.SGD(model.parameters(), lr=0.1), *args)
+
+
+def unchecked(*args):
+    """``methods.ours`` with the finiteness check of every optimizer step replaced by "all finite"."""
+    all_finite = torch.zeros(())  # the decision the check returns: 0.0, nothing to skip
+
+    def divide(grads, divisor, earlier=None):
+        if divisor != 1:  # the division by the target count, which the check's kernel makes along (k1 = 1, k2 = 8)
+            torch._foreach_div_(grads, divisor)
+        return all_finite
+
+    with mock.patch.object(optimizer_step, "divide_and_check", divide):
+        return methods.ours(*args)
 
 
 def measure(repeats: int, steps: int) -> list[dict]:
