@@ -123,7 +123,7 @@ class SegmentExecutor:
             y_owed = [t.detach().requires_grad_(t.requires_grad or plan.recompute) for t in hs.flatten(y_pred)]
         loss: Any = 0.0
         root = None
-        is_mean = as_mean or (plan.opens_window and plan.closes_window)  # no division when the window's mean is read
+        is_mean = as_mean or plan.whole_window  # no division when the window's mean is read
         if n:
             with self.model_call.autocast():
                 mean = _checked(self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y))

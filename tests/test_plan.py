@@ -110,6 +110,8 @@ def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths
             assert plan.closes_window and not later_reach and recompute is None
         assert plan.recompute == (recompute is not None and not plan.own_loss_only)
         assert plan.retained == (not plan.own_loss_only) and plan.loss_owed == (not plan.backward_now)
+        # A window never lies wholly before its cut: a segment that is its window is whole, its loss the window's.
+        assert plan.whole_window == (plan.opens_window and plan.closes_window)
 
 
 @given(k1=st.integers(1, 40), k2=st.integers(1, 40), windows=st.integers(1, 5))
