@@ -35,7 +35,7 @@ import torch
 
 from benchmarks import methods
 from benchmarks.report import markdown_table, rotated, write_page
-from ignite_tbptt import optimizer_step
+from ignite_tbptt.engine import optimizer_step
 
 READS = ("item", "tolist", "__bool__", "__float__", "__int__")
 CASES = [(5, 5), (1, 8)]

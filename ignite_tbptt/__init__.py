@@ -1,19 +1,27 @@
-"""Generalised truncated backpropagation through time, TBPTT(k1, k2), for PyTorch-Ignite."""
+"""Generalised truncated backpropagation through time, TBPTT(k1, k2), for PyTorch-Ignite.
 
-from .adaptive import AdaptiveTruncation
-from .artbp import ARTBP
-from .clipping import GradientClipping, gradient_norm
-from .engine import DeterministicTBPTTEngine, TBPTTEngine
-from .evaluator import create_tbptt_evaluator
-from .events import TBPTTEvents
-from .masked import count_targets, masked_loss
+The package is layered (docs/architecture.md): :mod:`~ignite_tbptt.planning` decides windows, cuts and segments
+without torch; :mod:`~ignite_tbptt.runtime` carries the plans out with torch, without ignite;
+:mod:`~ignite_tbptt.engine` wires them into ignite; :mod:`~ignite_tbptt.handlers` attach to a trainer;
+:mod:`~ignite_tbptt.data` lays out batches. The names below are the public API.
+"""
+
+from .data import count_targets, masked_loss
+from .engine import (
+    DeterministicTBPTTEngine,
+    TBPTTEngine,
+    TBPTTEvents,
+    TBPTTStep,
+    create_tbptt_evaluator,
+    create_tbptt_trainer,
+    load_checkpoint,
+    tbptt_training_step,
+)
+from .handlers import AdaptiveTruncation, GradientClipping, GradientReach, attach_tensorboard, gradient_norm
 from .metrics import BitsPerTarget, LossPerTarget, Perplexity
+from .planning import ARTBP, RandomWindows, Schedule, Window, WindowSource
 from .plot import plot_columns, plot_reach, plot_schedule
-from .reach import GradientReach
-from .resume import load_checkpoint
-from .schedule import RandomWindows, Schedule, Window, WindowSource
-from .tensorboard import attach_tensorboard
-from .trainer import TBPTTStep, create_tbptt_trainer, default_model_fn, tbptt_training_step
+from .runtime import default_model_fn, default_reset_hidden
 from .version import __version__ as __version__
 
 __all__ = [
@@ -30,6 +38,7 @@ __all__ = [
     "Window",
     "WindowSource",
     "default_model_fn",
+    "default_reset_hidden",
     "create_tbptt_evaluator",
     "LossPerTarget",
     "BitsPerTarget",

@@ -10,7 +10,7 @@ import torch
 from ignite.metrics import Loss
 from ignite.metrics.metric import reinit__is_reduced
 
-from .masked import count_targets
+from .data import count_targets
 
 __all__ = ["LossPerTarget", "BitsPerTarget", "Perplexity"]
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .checks import positive_int
-from .schedule import Schedule
+from .planning import Schedule
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the package
     from matplotlib.axes import Axes

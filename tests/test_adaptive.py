@@ -52,9 +52,9 @@ def test_a_trainer_built_with_k2_equal_to_k1_gets_the_weight_versions_k2_above_k
     torch.manual_seed(0)
     model = Net().double()
     trainer = create_tbptt_trainer(model, torch.optim.Adam(model.parameters(), lr=0.01), cross_entropy, 3)
-    assert trainer.tbptt.versions is None
+    assert trainer.tbptt.history.versions is None
     AdaptiveTruncation(delta=0.2, k2_min=5, k2_max=8, every=1).attach(trainer)
-    assert trainer.tbptt.versions is not None
+    assert trainer.tbptt.history.versions is not None
     trainer.run(make_batches((20,)))
     assert trainer.state.window == 7
 
@@ -160,7 +160,7 @@ def test_bad_attachments_leave_the_trainer_as_it_was():
     trainer = sgd_trainer(model, 5)
     with pytest.raises(ValueError, match="k2_min must exceed the trainer's k1"):
         AdaptiveTruncation(delta=0.1, k2_min=5, k2_max=10).attach(trainer)
-    assert trainer.tbptt.source.k2 == 5 and trainer.tbptt.versions is None
+    assert trainer.tbptt.window_source.k2 == 5 and trainer.tbptt.history.versions is None
     with pytest.raises(TypeError, match="attaches to a TBPTT trainer"):
         AdaptiveTruncation(delta=0.1, k2_min=6, k2_max=10).attach(Engine(lambda e, b: None))
     with pytest.raises(TypeError, match="is a handler"):
@@ -168,7 +168,7 @@ def test_bad_attachments_leave_the_trainer_as_it_was():
     adaptive = AdaptiveTruncation(delta=0.1, k2_min=6, k2_max=10).attach(trainer)
     with pytest.raises(TypeError, match="fixed windows"):
         AdaptiveTruncation(delta=0.1, k2_min=6, k2_max=10).attach(trainer)  # its windows are adaptive already
-    assert trainer.tbptt.source is adaptive
+    assert trainer.tbptt.window_source is adaptive
 
 
 def test_attaching_inside_a_stream_is_refused_before_anything_changes():
@@ -186,7 +186,7 @@ def test_attaching_inside_a_stream_is_refused_before_anything_changes():
     trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED(once=2), attach)
     trainer.run(make_batches((12,)))
     assert errors and "a stream is at step 6" in errors[0]
-    assert trainer.tbptt.source.k2 == 3 and trainer.tbptt.versions is None
+    assert trainer.tbptt.window_source.k2 == 3 and trainer.tbptt.history.versions is None
 
 
 @pytest.mark.parametrize("tensorboard_first", [False, True])

@@ -3,11 +3,8 @@
 import pytest
 import torch
 
-from ignite_tbptt import hidden as hs
-from ignite_tbptt import rng
-from ignite_tbptt.backward_sweep import Replay, RetainedHistory, Segment
-from ignite_tbptt.forward import ModelCall
-from ignite_tbptt.versions import ParameterVersions
+from ignite_tbptt.runtime import ModelCall, ParameterVersions, Replay, RetainedHistory, Segment, rng
+from ignite_tbptt.runtime import hidden as hs
 
 
 class Linear1(torch.nn.Module):

@@ -8,8 +8,7 @@ import torch
 from ignite.engine import Events
 from torch import nn
 
-from ignite_tbptt import create_tbptt_evaluator, create_tbptt_trainer
-from ignite_tbptt.batch import default_reset_hidden
+from ignite_tbptt import create_tbptt_evaluator, create_tbptt_trainer, default_reset_hidden
 
 from .helpers import RecordingNet, assert_same_parameters, compare_with_reference, make_batches, sgd
 from .reference import Net, cross_entropy
@@ -217,7 +216,7 @@ def test_hidden_state_the_default_cannot_reset(carry_hidden):
 
 
 def test_starts_on_another_device_than_x_are_refused_before_anything_runs():
-    from ignite_tbptt.batch import check_starts
+    from ignite_tbptt.data.batch import check_starts
 
     x = torch.zeros(4, 2, 3)
     with pytest.raises(ValueError, match="starts is on meta and x on cpu"):

@@ -11,7 +11,8 @@ from torch import nn
 from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
 import ignite_tbptt
-from ignite_tbptt import create_tbptt_trainer, versions
+from ignite_tbptt import create_tbptt_trainer
+from ignite_tbptt.runtime import weight_versions as versions
 
 from .helpers import make_batches
 from .reference import Net, cross_entropy

@@ -2,7 +2,7 @@ import ignite.distributed as idist
 import pytest
 import torch
 
-import ignite_tbptt.distributed
+import ignite_tbptt.engine.distributed
 from ignite_tbptt import create_tbptt_trainer
 
 from .helpers import assert_same_parameters, make_batches
@@ -29,13 +29,13 @@ def train_shard(local_rank, path):
     rank, size = idist.get_rank(), idist.get_world_size()
     model, trainer = build(seed=rank)  # other initial weights on rank 1: rank 0's are broadcast
     calls = []
-    reduce = ignite_tbptt.distributed.idist.all_reduce
+    reduce = ignite_tbptt.engine.distributed.idist.all_reduce
 
     def counting_all_reduce(tensor, *args, **kwargs):
         calls.append(trainer.state.optimizer_step)
         return reduce(tensor, *args, **kwargs)
 
-    ignite_tbptt.distributed.idist.all_reduce = counting_all_reduce
+    ignite_tbptt.engine.distributed.idist.all_reduce = counting_all_reduce
     width = BATCHES[0][0].shape[1] // size
     shard = [(x[:, rank * width : (rank + 1) * width], y[:, rank * width : (rank + 1) * width]) for x, y in BATCHES]
     trainer.run(shard, max_epochs=EPOCHS)

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ignite_tbptt import hidden as hs
+from ignite_tbptt.runtime import hidden as hs
 
 H = torch.zeros(1, 2, 3)
 TREES = [H, (H, H), (H, H.double()), (H,), [H, H], {"h": H}, (H, torch.zeros(1, 3, 3))]

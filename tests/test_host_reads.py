@@ -137,7 +137,7 @@ def test_on_cuda_no_synchronisation_per_window():
 
 
 def test_divide_and_check_divides_every_dtype_and_flags_non_finite():
-    from ignite_tbptt.optimizer_step import divide_and_check
+    from ignite_tbptt.runtime import divide_and_check
 
     g32 = torch.tensor([3.0, -6.0])
     g64 = torch.tensor([1.0, 7.0], dtype=torch.float64)

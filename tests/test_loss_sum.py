@@ -2,7 +2,7 @@
 
 import torch
 
-from ignite_tbptt.loss_sum import LossSum
+from ignite_tbptt.runtime import LossSum
 
 
 def test_sums_and_means_add_up_to_the_per_target_mean():

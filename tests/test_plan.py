@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ignite_tbptt import Schedule
-from ignite_tbptt.plan import plan_segment
+from ignite_tbptt.planning import plan_segment
 
 from .reference import spec_cut
 
@@ -17,12 +17,12 @@ def spec_windows(k1, k2, length):
     return [(a, min(a + k1, length), spec_cut(k1, k2, a, min(a + k1, length))) for a in range(0, length, k1)]
 
 
-def plan_stream(k1, k2, lengths, known, recompute, starts=(), stride=None):
+def plan_stream(k1, k2, lengths, known, recompute, starts=(), stride=None, one_window_per_step=False):
     """Plan a carried stream cut into batches of ``lengths`` as the trainer's loop does, window by window.
 
     The stream's end is known in its last batch when the epoch's length is (``known``), else only after it.
     ``starts``: the steps where some column starts a sequence; ``stride``: every window's reach is recorded
-    with that stride.
+    with that stride; ``one_window_per_step``: each optimizer step applies one window of one process.
     """
     source = Schedule(k1, k2)
     plans, windows = [], []
@@ -33,7 +33,18 @@ def plan_stream(k1, k2, lengths, known, recompute, starts=(), stride=None):
         while position < batch_end:
             window = window or source.window(position)
             next_start = min((t for t in starts if t > position), default=None)
-            plan = plan_segment(source, window, position, batch_end, stream_end, recompute, next_start, stride)
+            plan = plan_segment(
+                source,
+                window,
+                position,
+                batch_end,
+                stream_end,
+                recompute,
+                next_start,
+                stride,
+                recorded=stride is not None,
+                one_window_per_step=one_window_per_step,
+            )
             assert plan.start == position < plan.end <= batch_end
             plans.append((plan, window.start))
             position = plan.end
@@ -96,7 +107,8 @@ def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths
         assert plan.own_loss_only <= (plan.start < cut)
         if plan.window_end is not None:
             assert plan.window_end == end and plan.own_loss_only == (plan.start < cut)
-            assert plan.hidden_requires_grad == (plan.start > cut)
+            # A recorded window (a stride here) also needs the gradient at its cut.
+            assert plan.hidden_requires_grad == (plan.start > cut or (stride is not None and plan.start >= cut))
         if plan.start < cut and plan.window_end is not None:
             assert plan.end == plan.start + 1
         assert plan.hidden_requires_grad >= (plan.start > cut)  # gradient may flow into its input
@@ -109,7 +121,15 @@ def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths
         if plan.backward_now and not plan.own_loss_only:
             assert plan.closes_window and not later_reach and recompute is None
         assert plan.recompute == (recompute is not None and not plan.own_loss_only)
-        assert plan.retained == (not plan.own_loss_only) and plan.loss_owed == (not plan.backward_now)
+        assert plan.loss_owed == (not plan.backward_now)
+        # The sweep starts right after a window's last segment: one that owes its loss pays it in the sweep, unless
+        # the sweep rebuilds it (recomputation).
+        assert plan.loss_in_sweep == (plan.loss_owed and plan.closes_window and recompute is None)
+        assert plan.detaches_predictions == (plan.loss_owed and not plan.loss_in_sweep)
+        # What the sweep passes through joins the history: all that owes its loss, never the steps before the cut.
+        assert plan.loss_owed <= plan.joins_history <= (not plan.own_loss_only)
+        assert plan.joins_history == (plan.loss_owed or (plan.hidden_requires_grad and not plan.own_loss_only))
+        assert not plan.backward_mean  # only with one window per optimizer step
         # A window never lies wholly before its cut: a segment that is its window is whole, its loss the window's.
         assert plan.whole_window == (plan.opens_window and plan.closes_window)
 
@@ -153,3 +173,22 @@ def test_k2_above_k1_splits_at_the_next_windows_cut_and_keeps_only_what_it_reach
     expected = [(0, 2, False), (2, 4, True), (4, 6, False), (6, 8, True), (8, 9, False)]
     assert [(p.start, p.end, p.reached_later) for p, _ in plans] == expected
     assert [p.backward_now for p, _ in plans] == [False, False, False, False, known]
+
+
+@settings(max_examples=200, deadline=None)
+@given(**stream)
+def test_with_one_window_per_step_a_window_of_one_segment_backpropagates_its_mean(
+    k1, k2, lengths, known, recompute, starts, stride
+):
+    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts, stride, one_window_per_step=True)
+    for plan, _ in plans:
+        assert plan.backward_mean == plan.whole_window
+
+
+def test_a_recorded_window_needs_the_gradient_at_its_cut():
+    # TBPTT(4, 4): a window runs from its cut, so its input hidden state takes no gradient unless recorded.
+    source = Schedule(4, 4)
+    plain = plan_segment(source, source.window(4), 4, 8, 8)
+    recorded = plan_segment(source, source.window(4), 4, 8, 8, recorded=True)
+    assert not plain.hidden_requires_grad and not plain.joins_history
+    assert recorded.hidden_requires_grad and recorded.joins_history and recorded.backward_now

@@ -11,7 +11,7 @@ from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
-from ignite_tbptt.optimizer_step import OptimizerStep
+from ignite_tbptt.engine.optimizer_step import OptimizerStep
 
 from .helpers import NoLength, RecordingNet, make_batches, sgd
 from .reference import Net, cross_entropy, spec_cut

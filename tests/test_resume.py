@@ -130,7 +130,7 @@ def test_a_rebuild_that_fails_leaves_the_checkpoints_weights_and_a_fresh_stream(
     with pytest.raises(RuntimeError, match="out of memory"):
         trainer.run(BATCHES, max_epochs=2)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), loaded))
-    assert not trainer.tbptt.history.segments and trainer.tbptt.stream.position == 0
+    assert not trainer.tbptt.history.segments and trainer.tbptt.loop.stream.position == 0
 
 
 def test_resuming_an_adaptive_run_without_its_handler_is_refused(tmp_path):

@@ -2,7 +2,7 @@
 
 import torch
 
-from ignite_tbptt import rng
+from ignite_tbptt.runtime import rng
 
 
 def test_replay_draws_the_same_numbers_and_leaves_the_generator_where_it_was():

@@ -2,8 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ignite_tbptt import Schedule
-from ignite_tbptt.schedule import WindowSource
+from ignite_tbptt import Schedule, WindowSource
 
 lengths = st.integers(1, 40)
 
@@ -12,10 +11,20 @@ def windows(s, length):
     return [(a, min(a + s.k1, length)) for a in range(0, length, s.k1)]
 
 
+def window_start(s, step):
+    """First step of the fixed window that holds ``step``."""
+    return step - step % s.k1
+
+
+def segment_end(s, step, stream_end=None):
+    """End of the longest model call from ``step``: the source's boundary inside the window that holds it."""
+    return s.boundary(s.window(window_start(s, step)), step, stream_end)
+
+
 def segments(s, length, stream_end):
     bounds, step = [0], 0
     while step < length:
-        step = min(s.segment_end(step, stream_end), length)
+        step = min(segment_end(s, step, stream_end), length)
         bounds.append(step)
     return bounds
 
@@ -52,7 +61,7 @@ def test_windows_cover_every_step_once_and_reach_at_most_k2_back(k1, k2, length)
     ws = windows(s, length)
     assert [step for a, b in ws for step in range(a, b)] == list(range(length))
     for start, end in ws:
-        assert s.window_start(start) == start and s.window_end(start, length) == end
+        assert window_start(s, start) == start and s.window_end(start, length) == end
         cut = s.cut(start, end)
         assert 0 <= cut <= end and end - cut <= k2
         if end - start == k1 and start - (k2 - k1) >= 0:
@@ -71,21 +80,21 @@ def test_the_closed_form_boundary_equals_the_walk_over_later_windows(k1, k2, sta
 @given(k1=lengths, k2=lengths, steps=st.integers(0, 80))
 def test_at_most_two_model_calls_per_window_when_k2_at_least_k1(k1, k2, steps):
     s = Schedule(k1, max(k1, k2))
-    start = s.window_start(steps)
+    start = window_start(s, steps)
     calls, step = 0, start
     while step < start + k1:
-        step = s.segment_end(step)
+        step = segment_end(s, step)
         calls += 1
     assert calls <= 2 and (calls == 1) == ((s.k2 - k1) % k1 == 0)
 
 
 @given(k1=lengths, k2=lengths, start_window=st.integers(0, 10), step=st.integers(0, 200))
-def test_reached_later_means_inside_the_next_windows_backward_pass(k1, k2, start_window, step):
+def test_reaching_back_means_inside_the_next_windows_backward_pass(k1, k2, start_window, step):
     s = Schedule(k1, k2)
     start = start_window * k1
     step = min(step, start + k1 - 1)
     next_start = start + k1
-    assert s.reached_later(step, start) == (s.cut(next_start, next_start + k1) <= step)
+    assert s.reaches_back(s.window(start), step) == (s.cut(next_start, next_start + k1) <= step)
 
 
 @pytest.mark.parametrize(

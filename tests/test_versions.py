@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ignite_tbptt.versions import ParameterVersions
+from ignite_tbptt.runtime import ParameterVersions
 
 
 def test_graphs_recorded_before_a_freeze_see_the_old_weights_and_later_ones_the_new():

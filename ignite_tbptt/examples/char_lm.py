@@ -56,8 +56,8 @@ from ignite_tbptt import (
     create_tbptt_evaluator,
     create_tbptt_trainer,
 )
+from ignite_tbptt import load_checkpoint as read_checkpoint
 from ignite_tbptt.data import pack_sequences, stream_batches
-from ignite_tbptt.resume import load_checkpoint as read_checkpoint
 
 __all__ = ["STDLIB_MODULES", "stdlib_documents", "stdlib_corpus", "Vocabulary", "CharLSTM", "main"]
 

@@ -33,8 +33,8 @@ from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import BitsPerTarget, count_targets, create_tbptt_evaluator, create_tbptt_trainer
-from ignite_tbptt.batch import prepare_batch as default_prepare_batch
 from ignite_tbptt.data import pack_recordings
+from ignite_tbptt.data import prepare_batch as default_prepare_batch
 
 __all__ = ["read_ts", "load_vowels", "SpeakerGRU", "main"]
 

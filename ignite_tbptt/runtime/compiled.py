@@ -12,7 +12,8 @@ Two things break exact TBPTT with k2 > k1 under ``torch.compile`` and are handle
   such scope around each iteration whose graphs outlive an optimizer step (handlers of its window and step
   events run inside it too), and the scopes inside it then cost nothing (setting torch's config costs a few
   microseconds).
-- **Python hooks inside a compiled region.** The saved-tensor hooks of :mod:`ignite_tbptt.versions` run from
+- **Python hooks inside a compiled region.** The saved-tensor hooks of
+  :mod:`ignite_tbptt.runtime.weight_versions` run from
   inside the model's forward pass. Where Dynamo falls back to eager code (a graph break, e.g. around
   ``nn.GRU``), its frame evaluation would trace the hooks as new frames and recompile them for every
   parameter storage until its recompile limit. :func:`never_traced` marks their code for Dynamo to skip: a flag

@@ -1,10 +1,11 @@
-"""Batches ``(x, y)`` and ``(x, y, starts)``: their checks, sequence starts and the hidden-state reset.
+"""Batches ``(x, y)`` and ``(x, y, starts)``: moving them to the device, their checks, and where sequences start.
 
 A stream of many sequences (documents, episodes, recordings) is laid out in parallel columns, each column a
 queue of sequences (:func:`~ignite_tbptt.data.pack_sequences`). ``starts[t, b]`` True says that a new sequence
 starts at step ``t`` of column ``b``: the column's hidden state is reset before that step, and no gradient flows
 from that step on back into the column's previous sequence (SPEC.md, "Sequence starts"). The trainer ends a
-segment at every step where some column starts, so that each reset falls between two model calls.
+segment at every step where some column starts, so that each reset falls between two model calls; the reset
+itself is :func:`~ignite_tbptt.runtime.default_reset_hidden`.
 """
 
 from __future__ import annotations
@@ -14,9 +15,6 @@ from typing import Any
 
 import torch
 from ignite.utils import convert_tensor
-from torch.utils import _pytree as pytree
-
-from . import hidden as hs
 
 __all__ = [
     "prepare_batch",
@@ -25,9 +23,7 @@ __all__ = [
     "check_starts",
     "start_steps",
     "starts_at",
-    "start_rows",
-    "check_resettable",
-    "default_reset_hidden",
+    "resets_by_step",
 ]
 
 
@@ -140,7 +136,7 @@ def starts_at(starts: torch.Tensor, step: int, axis: int) -> torch.Tensor:
     return starts.select(axis, step)
 
 
-def start_rows(starts: Any, x: torch.Tensor, time_dim: int) -> dict[int, torch.Tensor]:
+def resets_by_step(starts: Any, x: torch.Tensor, time_dim: int) -> dict[int, torch.Tensor]:
     """Check ``starts`` against ``x`` (:func:`check_starts`); the starting columns at each step where any start.
 
     Returns:
@@ -149,59 +145,3 @@ def start_rows(starts: Any, x: torch.Tensor, time_dim: int) -> dict[int, torch.T
     """
     axis = check_starts(starts, x, time_dim)
     return {t: starts_at(starts, t, axis) for t in start_steps(starts, axis)}
-
-
-def _batch_dim(t: torch.Tensor, batch: int) -> int:
-    if t.dim() == 3 and t.shape[1] == batch:
-        return 1
-    if t.dim() == 2 and t.shape[0] == batch:
-        return 0
-    raise ValueError(
-        f"the default reset_hidden zeroes columns of (layers * directions, B, H) and (B, H) hidden tensors, with "
-        f"B = {batch}, but the hidden state holds a tensor of shape {tuple(t.shape)}. Pass "
-        "reset_hidden=fn, fn(hidden, starts) -> hidden with starts of shape (B,), to reset it."
-    )
-
-
-def check_resettable(hidden: Any, batch: int) -> None:
-    """Check, from shapes alone, that :func:`default_reset_hidden` can reset ``hidden`` of ``batch`` columns.
-
-    Raises:
-        ValueError: if a tensor of ``hidden`` is neither 3-D with ``batch`` in dimension 1 nor 2-D with ``batch``
-            in dimension 0.
-    """
-    for t in hs.flatten(hidden):
-        _batch_dim(t, batch)
-
-
-def default_reset_hidden(hidden: Any, starts: torch.Tensor) -> Any:
-    """Zero the hidden state of the columns where a sequence starts; the default ``reset_hidden``.
-
-    Every tensor of the hidden tree is reset in its batch dimension: dimension 1 of 3-D tensors (the
-    ``(num_layers * num_directions, B, H)`` state of ``nn.RNN``, ``nn.GRU`` and ``nn.LSTM``, ``batch_first`` or
-    not) and dimension 0 of 2-D ones (the ``(B, H)`` state of a cell). Zeros are the initial state those modules
-    start from when called without one. ``masked_fill`` both replaces the values (NaN included) and gives the
-    replaced entries a zero gradient, so no gradient flows into the columns' previous sequences.
-
-    Args:
-        hidden: the hidden state, a tensor or a tree of tensors.
-        starts: bool tensor of shape ``(B,)``, True for the columns to reset.
-
-    Returns:
-        The hidden state with the starting columns zeroed; the other columns are the same values.
-
-    Raises:
-        ValueError: if a tensor of ``hidden`` has another shape (pass ``reset_hidden`` for such states).
-
-    Examples:
-        >>> h = torch.ones(1, 3, 2)  # (layers, B, H)
-        >>> default_reset_hidden(h, torch.tensor([False, True, False]))[0, :, 0].tolist()
-        [1.0, 0.0, 1.0]
-    """
-    batch = starts.shape[0]
-
-    def reset(t: torch.Tensor) -> torch.Tensor:
-        dim = _batch_dim(t, batch)
-        return t.masked_fill(starts.view(1, -1, 1) if dim == 1 else starts.view(-1, 1), 0)
-
-    return pytree.tree_map_only(torch.Tensor, reset, hidden)

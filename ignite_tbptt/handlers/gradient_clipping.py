@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 import torch
 from ignite.engine import Engine
 
-from .events import TBPTTEvents
+from ..engine import TBPTTEvents
 
 __all__ = ["GradientClipping", "gradient_norm"]
 

@@ -1,7 +1,8 @@
 """The torch side of a TBPTT trainer: run a stream's segments as their plans say, free of ignite.
 
-The process function (:mod:`ignite_tbptt.process`) asks :func:`~ignite_tbptt.plan.plan_segment` what to do with
-each segment and fires ignite's events around the answer; a :class:`SegmentExecutor` only carries the plan out:
+The stream loop (:mod:`ignite_tbptt.engine.stream_loop`) asks :func:`~ignite_tbptt.planning.plan_segment` what to
+do with each segment, and the process function fires ignite's events around it; a :class:`SegmentExecutor` only
+carries the plan out:
 the model call, the segment's per-token backward or the loss gradient it owes to its window's backward sweep, what
 the retained history keeps, and the sweep when the window closes. As in ``torch.distributed.pipelining``, where a
 schedule is data and one runtime executes it, another executor (CUDA graphs, say) can run the same plans.
@@ -10,28 +11,32 @@ schedule is data and one runtime executes it, another executor (CUDA graphs, say
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
+from ..planning import SegmentPlan
 from . import hidden as hs
 from . import rng
 from .backward_sweep import Replay, RetainedHistory, Segment
-from .batch import check_resettable
-from .forward import ModelCall
-from .plan import SegmentPlan
+from .model_call import ModelCall
+from .profiling import NO_CONTEXT, profiled
+from .reset import check_resettable
 from .stream import StreamState
 
-__all__ = ["SegmentExecutor", "profiled"]
-
-# Reentrant and stateless: one instance serves every "no context" of a window, without an allocation each time.
-_NO_CONTEXT = nullcontext()
+__all__ = ["SegmentExecutor", "SegmentResult"]
 
 
-def profiled(name: str) -> AbstractContextManager:
-    """A ``torch.profiler`` range ``name`` while a profiler runs, else nothing (a range costs about 10 µs)."""
-    return torch.profiler.record_function(name) if torch.autograd._profiler_enabled() else _NO_CONTEXT
+class SegmentResult(NamedTuple):
+    """What one segment gave (a named tuple: one is made per model call)."""
+
+    #: Its per-target loss, a detached 0-dim tensor (0.0 without targets): the mean over its targets where the
+    #: segment is its window (``plan.whole_window``), else their sum.
+    loss: Any
+    #: Its target count.
+    targets: int
+    #: Its detached predictions if asked for, else ``None``.
+    predictions: Any
 
 
 class SegmentExecutor:
@@ -64,35 +69,20 @@ class SegmentExecutor:
         return self.stream.history
 
     def run(
-        self,
-        plan: SegmentPlan,
-        x: Any,
-        y: Any,
-        resets: torch.Tensor | None,
-        recording: bool = False,
-        keep_predictions: bool = False,
-        as_mean: bool = False,
-    ) -> tuple[Any, int, bool, Any]:
+        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool = False
+    ) -> SegmentResult:
         """Run the segment as ``plan`` says: forward, pay or owe its loss gradient, retain what is needed.
 
         Args:
-            plan: the segment's plan.
+            plan: the segment's plan; every decision below is one of its fields.
             x: its input, ``(T, B, *)`` narrowed to the plan's steps along the time dimension.
             y: its targets, narrowed alike.
             resets: the columns (shape ``(B,)``, bool) that start a new sequence at its first step, or ``None``.
-            recording: the window's gradient reach is recorded, which needs the gradient at its cut too.
             keep_predictions: return the detached predictions (for ``output_transform``).
-            as_mean: backpropagate the loss as ``loss_fn`` returns it, the mean over the segment's targets, rather
-                than their sum: for a segment that is its optimizer step's only one (``plan.whole_window``, one
-                window per step, one process), where the step would divide the sum by the same count. The
-                gradient is then the one a hand-written loop computes, without two multiplications and a
-                division.
 
         Returns:
-            The segment's per-target loss (a detached 0-dim tensor, or 0.0 without targets); its target count;
-            whether that loss is the mean over the targets rather than their sum (with ``as_mean``, and for a
-            window of one segment, whose mean is then read as it is); and its detached predictions if
-            ``keep_predictions`` else ``None``.
+            A :class:`SegmentResult`. The stream's position, hidden state, retained history and open window's loss
+            are advanced.
 
         Raises:
             TypeError: if ``loss_fn`` returns something other than a tensor.
@@ -100,49 +90,42 @@ class SegmentExecutor:
         """
         stream = self.stream
         hidden, versions = stream.hidden, stream.history.versions
-        # A recorded window also needs the gradient at its cut, which its sweep otherwise does not compute.
-        requires_grad = plan.hidden_requires_grad or (recording and plan.retained)
-        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, requires_grad)
+        hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
         replay = None
-        if plan.loss_owed:
+        if not plan.backward_now:
             version = versions.current if versions is not None else None
-            replay = Replay(x, hidden_in, rng.capture(x.device), version, requires_grad, resets)
-        with torch.no_grad() if plan.recompute else _NO_CONTEXT, profiled("tbptt.forward"):
+            replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
+        with torch.no_grad() if plan.recompute else NO_CONTEXT, profiled("tbptt.forward"):
             y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
         if self.check_columns is not None:  # before the first reset uses it, and before any backward
             check_resettable(hidden_out, self.check_columns)
             self.check_columns = None
         n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
-        # The window's sweep starts right after its last segment, so that segment's loss is backpropagated
-        # with the sweep's first traversal of it: one backward call instead of two.
-        with_sweep = plan.loss_owed and plan.closes_window and not plan.recompute
         y_owed = None
-        if plan.loss_owed and not with_sweep:
-            # Per-token backward: the loss graph (e.g. a large-vocabulary log-softmax) is freed right away;
-            # only the gradient of the predictions waits for the window's backward sweep.
+        if plan.detaches_predictions:
             y_owed = [t.detach().requires_grad_(t.requires_grad or plan.recompute) for t in hs.flatten(y_pred)]
         loss: Any = 0.0
         root = None
-        is_mean = as_mean or plan.whole_window  # no division when the window's mean is read
         if n:
             with self.model_call.autocast():
                 mean = _checked(self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y))
-                # A sum over the targets, unless as_mean: the optimizer step divides by the count of all its windows.
-                loss = mean if as_mean else mean * n
+                # A sum over the targets, unless backpropagated as the mean: the optimizer step divides by the
+                # target count of all its windows.
+                loss = mean if plan.backward_mean else mean * n
             root = self.scaler.scale(loss) if self.scaler is not None else loss
-            if not with_sweep:
+            if not plan.loss_in_sweep:
                 with profiled("tbptt.segment_backward"):
                     root.backward()
                 root = None
-            loss = (mean if is_mean else loss).detach()
-        if plan.retained and (plan.loss_owed or requires_grad):
+            loss = (mean if plan.whole_window else loss).detach()  # a window's only loss is read as its mean
+        if plan.joins_history:
             # Paid at once, a segment only hands the sweep the gradient its input leaves received (none when they
             # take none: a window of one segment from its cut, as every window at k1 = k2).
             segment = Segment(plan.start, plan.end, inputs, [])
-            if with_sweep:
+            if plan.loss_in_sweep:
                 segment.replay, segment.loss = replay, root
                 segment.outputs = hs.flatten(hidden_out)
-            elif plan.loss_owed:
+            elif not plan.backward_now:
                 segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if n else None
                 if plan.recompute:  # the sweep builds its graph again
                     segment.inputs, segment.outputs = [], None
@@ -150,8 +133,8 @@ class SegmentExecutor:
                     segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if n else None
             stream.history.append(segment)
         stream.hidden, stream.position = hidden_out, plan.end
-        stream.window_loss.add(loss, n, is_mean)
-        return loss, n, is_mean, hs.detached(y_pred) if keep_predictions else None
+        stream.window_loss.add(loss, n, plan.whole_window)
+        return SegmentResult(loss, n, hs.detached(y_pred) if keep_predictions else None)
 
     def close_window(self, start: int, cut: int, next_cut: int | None, recording: bool) -> list | None:
         """The backward sweep of the window that starts at ``start``; see :meth:`RetainedHistory.backward`.

@@ -3,10 +3,12 @@
 Windows accumulate per-target *sums* of loss gradients in the parameters' ``.grad`` (a window that is its step's
 only gradient, of one process, backpropagates its mean instead, and the step divides by one); one optimizer step
 follows every ``gradient_accumulation_steps`` windows (and the end of each epoch). In that order it sums the
-gradients and target counts of all processes (:mod:`ignite_tbptt.distributed`), unscales the gradients once
+gradients and target counts of all processes (:mod:`ignite_tbptt.engine.distributed`), unscales the gradients once
 (``GradScaler.unscale_``), divides them by the target count (the exact gradient of the mean per-target loss
-over its windows, as torchtune's ``scale_grads``; without a scaler, in the kernel that checks them for inf/NaN),
-fires ``TBPTTEvents.OPTIMIZER_STEP_STARTED`` (where clipping goes) and steps.
+over its windows, as torchtune's ``scale_grads``; without a scaler, in the kernel that checks them for inf/NaN:
+:mod:`ignite_tbptt.runtime.gradients`) and steps. It fires no event: :meth:`OptimizerStep.prepare` and
+:meth:`OptimizerStep.apply` return what happened, and the process function fires
+``TBPTTEvents.OPTIMIZER_STEP_STARTED`` (where clipping goes) between the two.
 
 Without a scaler, a step with inf/NaN gradients is never applied. An optimizer that can skip its own step on the
 device (the fused ``SGD``, ``Adam`` and ``AdamW``: ``_step_supports_amp_scaling``, the protocol ``GradScaler``
@@ -18,18 +20,14 @@ read per step, before it steps.
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Callable
 from typing import Any
 
 import torch
-from ignite.engine import Engine
 
+from ..runtime.gradients import divide_and_check, skips_on_device
 from . import distributed
-from .events import TBPTTEvents, fire
 
-__all__ = ["OptimizerStep", "divide_and_check", "skips_on_device"]
+__all__ = ["OptimizerStep"]
 
 
 class OptimizerStep:
@@ -45,11 +43,12 @@ class OptimizerStep:
         self.optimizer, self.scaler, self.accumulation = optimizer, scaler, accumulation
         self.windows = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
-        self.divided = False  # their gradients are already divided by it (one window backpropagated as its mean)
+        self.backward_mean = False  # their one window backpropagated its mean loss: the gradients are divided
         self.distributed = False  # whether gradients are summed over processes, set when a run starts
         # Without a scaler: whether the optimizer skips a step on the device, given optimizer.found_inf.
         self.skips_on_device = scaler is None and skips_on_device(optimizer)
         self._found_inf: list[tuple[torch.Tensor, tuple]] = []  # device decisions not yet read, with their step
+        self._due: torch.Tensor | None = None  # the decision of the prepared step, handed to the optimizer
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters the optimizer updates, in its order."""
@@ -63,68 +62,80 @@ class OptimizerStep:
     def reset(self) -> None:
         """Forget windows whose gradients were accumulated but not applied."""
         self.windows = self.targets = 0
-        self.divided = False
+        self.backward_mean = False
 
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients."""
         if self.windows == 0:
             self.optimizer.zero_grad()
 
+    def accumulate(self, targets: int, backward_mean: bool) -> None:
+        """A segment's gradient of ``targets`` targets was added, as their mean or as their sum."""
+        self.targets += targets
+        self.backward_mean = backward_mean
+
     def window_completed(self) -> bool:
         """A window's backward pass is done; returns whether the step is due."""
         self.windows += 1
         return self.windows == self.accumulation
 
-    def step(self, engine: Engine, on_skip: Callable[[], None]) -> None:
-        """Normalise, unscale, check and apply the accumulated gradients, firing the step events on ``engine``.
+    def prepare(self, where: tuple[int, int, int]) -> int:
+        """Make the accumulated gradients final: summed over processes, unscaled, divided and checked.
 
         Args:
-            engine: the trainer.
-            on_skip: called when the ``GradScaler`` found inf/NaN and skipped the step, before
-                ``OPTIMIZER_STEP_COMPLETED`` fires.
+            where: the step about to be taken, its window and iteration (counted from 1), named by the error for a
+                refused step.
+
+        Returns:
+            The step's target count over all processes; 0 if it has none (only padding), and then the step must
+            not be applied: nothing was learnt, and momentum or weight decay must not move.
 
         Raises:
-            FloatingPointError: without a scaler, if the gradients hold inf or NaN; the step is not taken.
+            FloatingPointError: without a scaler and with an optimizer that cannot skip on the device, if the
+                gradients hold inf or NaN; the step must not be applied.
         """
-        targets, divided = self.targets, self.divided
+        targets, backward_mean = self.targets, self.backward_mean
         self.reset()
         if self.distributed:
             targets = distributed.all_reduce_gradients(self.parameters(), targets)
-        divisor = 1 if divided else targets
-        if not targets:  # only padding: nothing to learn, and momentum or weight decay must not move
-            return
+        if not targets:
+            return 0
+        divisor = 1 if backward_mean else targets
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
-        found_inf = None
         if grads:
             if self.scaler is not None:  # the scaler checked them while unscaling
                 if divisor != 1:
                     torch._foreach_div_(grads, divisor)
             elif self.skips_on_device:
                 earlier = self._found_inf[-1][0] if self._found_inf else None
-                found_inf = divide_and_check(grads, divisor, earlier)
-                self._found_inf.append((found_inf, _counters(engine)))
+                self._due = divide_and_check(grads, divisor, earlier)
+                self._found_inf.append((self._due, where))
             elif divide_and_check(grads, divisor).item():  # one read per step, as GradScaler makes
-                raise _non_finite(_where(*_counters(engine)))
-        engine.state.step_targets = targets
-        engine.state.optimizer_step += 1
-        fire(engine, TBPTTEvents.OPTIMIZER_STEP_STARTED)
+                raise _non_finite(_where(*where))
+        return targets
+
+    def apply(self) -> bool:
+        """Step the optimizer with the prepared gradients (through the scaler, if any).
+
+        Returns:
+            Whether the ``GradScaler`` found inf/NaN and skipped the step (always False without a scaler).
+        """
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             skipped = self._scaler_skipped()
             self.scaler.update()
-            if skipped:
-                on_skip()
-        elif found_inf is not None:
-            self.optimizer.found_inf = found_inf
+            return skipped
+        if self._due is not None:
+            self.optimizer.found_inf, self._due = self._due, None
             try:
                 self.optimizer.step()
             finally:
                 del self.optimizer.found_inf
         else:
             self.optimizer.step()
-        fire(engine, TBPTTEvents.OPTIMIZER_STEP_COMPLETED)
+        return False
 
     def _scaler_skipped(self) -> bool:
         """Whether ``scaler.step`` skipped the step for inf/NaN gradients: one read, before ``update()`` forgets.
@@ -183,25 +194,6 @@ class OptimizerStep:
             self.scaler.load_state_dict(state["scaler"])
 
 
-def skips_on_device(optimizer: Any) -> bool:
-    """Whether ``optimizer.step()`` skips itself on the device when ``optimizer.found_inf`` is set.
-
-    The protocol ``GradScaler`` uses with the fused optimizers (``torch.optim.SGD``, ``Adam`` and ``AdamW`` with
-    ``fused=True``, on CUDA and on CPU): ``_step_supports_amp_scaling``, without the older ``grad_scaler`` argument.
-    """
-    if not getattr(optimizer, "_step_supports_amp_scaling", False):
-        return False
-    try:
-        return "grad_scaler" not in inspect.signature(optimizer.step).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def _counters(engine: Engine) -> tuple[int, int, int]:
-    # The step about to be taken; formatted only if it is refused.
-    return engine.state.optimizer_step + 1, engine.state.window, engine.state.iteration
-
-
 def _where(step: int, window: int, iteration: int) -> str:
     return f"optimizer step {step} (window {window}, iteration {iteration})"
 
@@ -212,68 +204,3 @@ def _non_finite(where: str, later_skipped: bool = False) -> FloatingPointError:
         f"non-finite gradients at {where}; the step{later} not taken and the parameters are unchanged. Lower "
         "the learning rate, clip gradients (GradientClipping), or pass scaler=True to skip such steps and go on."
     )
-
-
-def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Tensor | None = None) -> torch.Tensor:
-    """Divide ``grads`` by ``divisor`` in place; return 1.0 if any holds inf or NaN, else 0.0.
-
-    ``GradScaler``'s fused unscale-and-check kernel, one per device and dtype, multiplies float32, float16 and
-    bfloat16 gradients by ``1 / divisor`` (rounded to float32, as the scaler's inverse scale is) while it checks
-    them: on CPU a third of the time of a division followed by a check. Float64 and sparse gradients are divided
-    exactly, then checked with the kernel's scale at one.
-
-    Args:
-        grads: the gradients.
-        divisor: the target count, at least 1.
-        earlier: a decision to carry over (a refused step refuses every later one), or ``None``.
-
-    Returns:
-        A float32 0-dim tensor on the first gradient's device: 1.0 if any gradient (or ``earlier``) is non-finite.
-    """
-    first = grads[0]
-    device, dtype = first.device, first.dtype
-    if (
-        dtype in _SCALED_DTYPES
-        and (earlier is None or earlier.device == device)
-        and all(not g.is_sparse and g.dtype == dtype and g.device == device for g in grads)
-    ):  # the usual case, one kernel: dense gradients of one dtype on one device
-        found = (earlier if earlier is not None else _zero(device)).clone()
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(device, divisor))
-        return found
-    # One kernel per device, dtype and whether it divides (GradScaler groups alike: one dtype per kernel).
-    groups: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
-    divided = []  # divided exactly first, then checked with scale one
-    for g in grads:
-        scaled = not g.is_sparse and g.dtype in _SCALED_DTYPES
-        if not scaled:
-            divided.append(g)
-            g = g.coalesce().values() if g.is_sparse else g
-        groups.setdefault((g.device, g.dtype, scaled), []).append(g)
-    if divided:
-        torch._foreach_div_(divided, divisor)
-    flags = []
-    for (device, _, scaled), group in groups.items():
-        carried = earlier is not None and not flags and earlier.device == device
-        found = (earlier if carried else _zero(device)).clone()
-        scale = _inverse(device, divisor if scaled else 1)
-        torch._amp_foreach_non_finite_check_and_unscale_(group, found, scale)
-        flags.append(found)
-    first = flags[0]
-    if earlier is not None and earlier.device != first.device:
-        flags.append(earlier)
-    return first if len(flags) == 1 else torch.stack([f.to(first.device) for f in flags]).amax()
-
-
-_SCALED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-@functools.lru_cache(maxsize=64)
-def _inverse(device: torch.device, divisor: int) -> torch.Tensor:
-    # The kernel's inverse scale, never written to: one tensor per device and target count, reused every step.
-    return torch.full((), 1.0 / divisor, device=device, dtype=torch.float32)
-
-
-@functools.lru_cache(maxsize=16)
-def _zero(device: torch.device) -> torch.Tensor:
-    # A float32 0.0 per device, never written to: a step's decision starts as its clone, cheaper than zeros().
-    return torch.zeros((), device=device, dtype=torch.float32)

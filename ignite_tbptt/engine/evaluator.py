@@ -9,11 +9,11 @@ import torch
 from ignite.engine import Engine, Events
 from ignite.metrics import Metric
 
-from . import hidden as hs
-from .batch import default_reset_hidden, split_batch, start_rows
-from .batch import prepare_batch as default_prepare_batch
-from .checks import positive_int
-from .forward import ModelCall, autocast_for, default_model_fn, device_type_of
+from ..checks import positive_int
+from ..data.batch import prepare_batch as default_prepare_batch
+from ..data.batch import resets_by_step, split_batch
+from ..runtime import ModelCall, autocast_for, default_model_fn, default_reset_hidden, device_type_of
+from ..runtime import hidden as hs
 
 __all__ = ["create_tbptt_evaluator"]
 
@@ -87,7 +87,7 @@ def create_tbptt_evaluator(
     def run_pieces(x: torch.Tensor, starts: Any) -> list[Any]:
         hidden = stream["hidden"] if carry_hidden else None
         length = x.shape[time_dim]
-        resets = {} if starts is None else start_rows(starts, x, time_dim)
+        resets = {} if starts is None else resets_by_step(starts, x, time_dim)
         # Pieces end every segment_length steps and, as the trainer's segments, where some column starts a sequence.
         bounds = sorted({*range(0, length, segment_length or length), *resets, length})
         y_preds = []

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .version import __version__
+from ..version import __version__
 
 __all__ = ["configuration", "check_resume", "load_checkpoint"]
 

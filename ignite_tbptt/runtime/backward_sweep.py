@@ -27,8 +27,8 @@ import torch
 from . import hidden as hs
 from . import rng
 from .compiled import retainable
-from .forward import ModelCall
-from .versions import ParameterVersions, WeightVersion
+from .model_call import ModelCall
+from .weight_versions import ParameterVersions, WeightVersion
 
 __all__ = ["Replay", "Segment", "RetainedHistory", "load_weights", "reach_profile"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .checks import positive_int
+from ..checks import positive_int
 
 __all__ = ["Packing", "holds"]
 

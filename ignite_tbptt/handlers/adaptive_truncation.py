@@ -25,9 +25,9 @@ from typing import Any
 
 from ignite.engine import Engine
 
-from .checks import positive_int
-from .process import TBPTTStep, tbptt_step_of
-from .schedule import RandomWindows, Schedule, Window, WindowSource
+from ..checks import positive_int
+from ..engine import TBPTTStep
+from ..planning import RandomWindows, Schedule, Window, WindowSource
 
 __all__ = ["AdaptiveTruncation"]
 
@@ -82,6 +82,8 @@ class AdaptiveTruncation(WindowSource):
         True
     """
 
+    standalone = False  # it plans the cuts of the trainer's own windows: attach(trainer), not k1=
+
     def __init__(
         self,
         delta: float,
@@ -118,8 +120,8 @@ class AdaptiveTruncation(WindowSource):
             ValueError: if ``k2_min`` does not exceed the trainer's k1.
             RuntimeError: if the trainer is inside a stream (attach before the run, or between epochs).
         """
-        step = tbptt_step_of(engine, "AdaptiveTruncation")
-        windows = step.source
+        step = TBPTTStep.of(engine, "AdaptiveTruncation")
+        windows = step.window_source
         if not isinstance(windows, (Schedule, RandomWindows)):
             raise TypeError(
                 "AdaptiveTruncation chooses k2 for a trainer with fixed windows (k1=...) or RandomWindows; this "

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
+from ..planning import Window, WindowSource
 from . import hidden as hs
 from .backward_sweep import RetainedHistory
 from .loss_sum import LossSum
-from .schedule import Window, WindowSource
 
 __all__ = ["StreamState"]
 
@@ -27,7 +27,7 @@ class StreamState:
         source: the window source of the stream.
         history: the retained segments.
         position: steps of the stream run so far.
-        streams: parallel streams (batch size) of a carried stream, once known.
+        columns: parallel columns (the batch size) of a carried stream, once known.
         hidden: the hidden state after the last step (``None`` at the stream's start).
         window: the open window, or ``None`` between windows.
         window_loss: the loss of the open window's steps so far, with their target count.
@@ -38,7 +38,7 @@ class StreamState:
     source: WindowSource
     history: RetainedHistory
     position: int = 0
-    streams: int | None = None
+    columns: int | None = None
     hidden: Any = None
     window: Window | None = None
     window_loss: LossSum = field(default_factory=LossSum)
@@ -46,7 +46,7 @@ class StreamState:
 
     def reset(self) -> None:
         """Forget the stream: position 0, no hidden state, no retained history, no open window."""
-        self.position, self.streams, self.hidden, self.window, self.following = 0, None, None, None, None
+        self.position, self.columns, self.hidden, self.window, self.following = 0, None, None, None, None
         self.window_loss = LossSum()
         self.history.clear()
         self.source.reset()
@@ -61,21 +61,21 @@ class StreamState:
         return self.window
 
     def check_columns(self, x: torch.Tensor, time_dim: int) -> None:
-        """Check that the batch ``x`` of a carried stream has the stream's parallel columns; the first sets them.
+        """Check that the batch ``x`` of a carried stream has the stream's columns; the epoch's first sets them.
 
         Raises:
             ValueError: if it has another number of columns than the epoch's first batch.
         """
         if x.dim() < 2:
             return
-        streams = x.shape[1 if time_dim == 0 else 0]
-        if self.streams is not None and streams != self.streams:
+        columns = x.shape[1 if time_dim == 0 else 0]
+        if self.columns is not None and columns != self.columns:
             raise ValueError(
-                f"with carry_hidden=True the batches of an epoch are pieces of the same {self.streams} parallel "
-                f"streams, but this batch has {streams}. Drop the last incomplete batch (stream_batches lays out "
+                f"with carry_hidden=True the batches of an epoch are pieces of the same {self.columns} parallel "
+                f"streams, but this batch has {columns}. Drop the last incomplete batch (stream_batches lays out "
                 "equal columns), or use carry_hidden=False."
             )
-        self.streams = streams
+        self.columns = columns
 
     def recover(self) -> None:
         """After an optimizer step skipped for inf/NaN: cut the history there, restart a non-finite hidden state."""
@@ -87,7 +87,7 @@ class StreamState:
         """The stream as plain tensors and numbers; the retained graphs as what rebuilds them."""
         return {
             "position": self.position,
-            "streams": self.streams,
+            "columns": self.columns,
             "hidden": hs.detached(self.hidden),
             "window": None if self.window is None else self.window.start,
             **self.window_loss.state_dict(),
@@ -102,7 +102,8 @@ class StreamState:
         """
         self.reset()
         self.source.load_state_dict(state.get("source", {}))  # absent in checkpoints written by 0.1.0
-        self.position, self.streams, self.hidden = state["position"], state["streams"], state["hidden"]
+        self.position, self.hidden = state["position"], state["hidden"]
+        self.columns = state["columns"] if "columns" in state else state["streams"]  # "streams" up to 0.3
         self.window = None if state["window"] is None else self.source.window(state["window"])
         self.window_loss.load_state_dict(state)
         self.history.load_state_dict(state)

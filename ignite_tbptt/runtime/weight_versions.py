@@ -22,7 +22,7 @@ activation in place would silently get the old value instead of an error. Here t
 optimizer step, only of parameters, and only while retained history exists.
 
 The hooks run inside the model's forward pass; under ``torch.compile`` they are marked for Dynamo not to
-trace (:mod:`ignite_tbptt.compiled`).
+trace (:mod:`ignite_tbptt.runtime.compiled`).
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from ignite.engine import DeterministicEngine, Engine
 
+from .checkpoint import check_resume
 from .events import COUNTERS
-from .resume import check_resume
 
 if TYPE_CHECKING:
     from .process import TBPTTStep
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
 __all__ = ["TBPTTEngine", "DeterministicTBPTTEngine"]
 
 
-class _StreamState:
-    """Adds the stream state to the engine's state dict, as ``DeterministicEngine`` adds its random states.
+class _SavesStream:
+    """Adds the TBPTT state to the engine's state dict, as ``DeterministicEngine`` adds its random states.
 
     The entry is ``"tbptt"``: :meth:`TBPTTStep.state_dict`.
     """
@@ -41,7 +41,7 @@ class _StreamState:
         return isinstance(self, DeterministicEngine)
 
     def load_state_dict(self, state_dict: Mapping) -> None:
-        # Refused before anything changes if made with another configuration (ignite_tbptt.resume); a trainer
+        # Refused before anything changes if made with another configuration (ignite_tbptt.engine.checkpoint); a trainer
         # listed first in Checkpoint.load_objects' to_load leaves the model and optimizer untouched then too.
         saved = state_dict.get("tbptt", {}).get("configuration")
         if saved is not None:
@@ -57,7 +57,7 @@ class _StreamState:
             self.tbptt.load_state_dict(state_dict["tbptt"])
 
 
-class TBPTTEngine(_StreamState, Engine):
+class TBPTTEngine(_SavesStream, Engine):
     """The engine of :func:`~ignite_tbptt.create_tbptt_trainer`.
 
     Args:
@@ -65,7 +65,7 @@ class TBPTTEngine(_StreamState, Engine):
     """
 
 
-class DeterministicTBPTTEngine(_StreamState, DeterministicEngine):
+class DeterministicTBPTTEngine(_SavesStream, DeterministicEngine):
     """:class:`TBPTTEngine` on ignite's ``DeterministicEngine``: resumable mid-epoch with the same data.
 
     ``DeterministicEngine`` saves numpy's random state as a numpy array, which ``torch.load(path,

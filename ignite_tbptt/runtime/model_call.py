@@ -9,9 +9,9 @@ from typing import Any
 import torch
 
 from . import hidden as hs
-from .batch import default_reset_hidden
 from .compiled import retainable
-from .versions import ParameterVersions
+from .reset import default_reset_hidden
+from .weight_versions import ParameterVersions
 
 __all__ = ["ModelCall", "default_model_fn", "autocast_for", "device_type_of"]
 
@@ -51,7 +51,7 @@ class ModelCall:
         model_fn: ``model_fn(model, x, hidden) -> (y_pred, hidden)``.
         autocast: a factory of the autocast context the model and the loss run under.
         reset_hidden: ``reset_hidden(hidden, starts) -> hidden``, applied to the input hidden state of a call
-            that starts new sequences in some columns (:mod:`ignite_tbptt.batch`).
+            that starts new sequences in some columns (:mod:`ignite_tbptt.data.batch`).
     """
 
     def __init__(
@@ -78,7 +78,7 @@ class ModelCall:
             x: the segment's input.
             hidden: its input hidden state, or ``None`` at a stream's start.
             versions: the weight versions of a trainer whose graphs outlive optimizer steps (k2 > k1), else
-                ``None``; such graphs are kept free of compiled donated buffers (:mod:`ignite_tbptt.compiled`).
+                ``None``; such graphs are kept free of compiled donated buffers (:mod:`ignite_tbptt.runtime.compiled`).
             keep_weights: run under ``versions``' hooks, which keep the call's weights across optimizer steps.
             starts: shape ``(B,)``; if given, the starting columns of ``hidden`` are reset before the call, inside
                 the call's graph, so that the gradient reaching ``hidden`` is cut there.

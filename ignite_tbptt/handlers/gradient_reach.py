@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from ignite.engine import Engine
 
-from .checks import positive_int
-from .process import tbptt_step_of
+from ..checks import positive_int
+from ..engine import TBPTTStep
 
 __all__ = ["GradientReach"]
 
@@ -74,6 +74,6 @@ class GradientReach:
 
     def attach(self, engine: Engine) -> GradientReach:
         """Record on ``engine``, a ``create_tbptt_trainer`` trainer or ``Engine(step)``; returns ``self``."""
-        step = tbptt_step_of(engine, "GradientReach")
+        step = TBPTTStep.of(engine, "GradientReach")
         step.record_reach(self.every, self.stride)
         return self

@@ -9,17 +9,15 @@ from typing import Any
 import torch
 from ignite.engine import Engine
 
-from .adaptive import AdaptiveTruncation
-from .batch import default_reset_hidden
-from .batch import prepare_batch as default_prepare_batch
-from .checks import callable_or_none, positive_int
+from ..checks import callable_or_none, positive_int
+from ..data.batch import prepare_batch as default_prepare_batch
+from ..planning import Schedule, WindowSource
+from ..runtime import ModelCall, autocast_for, default_model_fn, default_reset_hidden, device_type_of
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
-from .forward import ModelCall, autocast_for, default_model_fn, device_type_of
 from .optimizer_step import OptimizerStep
 from .process import TBPTTStep
-from .schedule import Schedule, WindowSource
 
-__all__ = ["create_tbptt_trainer", "tbptt_training_step", "TBPTTStep", "default_model_fn"]
+__all__ = ["create_tbptt_trainer", "tbptt_training_step"]
 
 
 def tbptt_training_step(
@@ -103,9 +101,10 @@ def tbptt_training_step(
 
 
 def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
-    if isinstance(k1, AdaptiveTruncation):
-        raise TypeError("AdaptiveTruncation is a handler: pass k1 here, then AdaptiveTruncation(...).attach(trainer).")
     if isinstance(k1, WindowSource):
+        if not k1.standalone:
+            name = type(k1).__name__
+            raise TypeError(f"{name} is a handler: pass k1 here, then {name}(...).attach(trainer).")
         if k2 is not None:
             raise ValueError("k2 belongs to the window source passed as k1: pass it there, e.g. RandomWindows(k1, k2).")
         return k1
@@ -244,7 +243,7 @@ def create_tbptt_trainer(
         reset_hidden: ``reset_hidden(hidden, starts) -> hidden`` with ``starts`` of shape ``(B,)``: the hidden
             state with the starting columns replaced by the initial state, in a way that passes no gradient
             to their old values (e.g. ``masked_fill``, or ``torch.where``). The default,
-            :func:`~ignite_tbptt.batch.default_reset_hidden`, zeroes dimension 1 of 3-D tensors (``nn.RNN``,
+            :func:`~ignite_tbptt.default_reset_hidden`, zeroes dimension 1 of 3-D tensors (``nn.RNN``,
             ``nn.GRU``, ``nn.LSTM`` states) and dimension 0 of 2-D ones (cells' ``(B, H)`` states).
         deterministic: use ignite's ``DeterministicEngine``.
 
@@ -269,7 +268,7 @@ def create_tbptt_trainer(
         k2 > k1, compiled graphs are built without donated buffers (``torch._functorch.config.donated_buffer``),
         because a retained segment is backpropagated once per window that reaches it; and the saved-tensor hooks
         that keep retained weights across optimizer steps are never traced by Dynamo
-        (:mod:`ignite_tbptt.compiled`). Neither costs anything while nothing is compiled.
+        (:mod:`ignite_tbptt.runtime.compiled`). Neither costs anything while nothing is compiled.
 
     Distributed:
         In an ``ignite.distributed`` group (``idist.Parallel``, any backend: gloo on CPUs, nccl on GPUs, one or
@@ -277,7 +276,7 @@ def create_tbptt_trainer(
         unwrapped model: rank 0's parameters are broadcast when a run starts, and the accumulated gradients and
         target counts are summed over processes once per optimizer step, which equals single-process training
         on the whole batch. Do not wrap the model in ``DistributedDataParallel``: its reducer expects one
-        backward pass per forward pass (see :mod:`ignite_tbptt.distributed`).
+        backward pass per forward pass (see :mod:`ignite_tbptt.engine.distributed`).
 
     Raises:
         TypeError: if ``model``, ``optimizer``, ``scaler``, ``autocast_dtype`` or a callable argument has the wrong
@@ -294,7 +293,7 @@ def create_tbptt_trainer(
             batch has another number of parallel streams than the epoch's first.
             Batch errors are raised before the batch changes anything. From ``trainer.load_state_dict`` (ignite's
             ``Checkpoint.load_objects``), before anything loads, if the checkpoint was made with another
-            configuration where that change is unsafe (:mod:`ignite_tbptt.resume`).
+            configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`).
         FloatingPointError: without a ``scaler``, after an optimizer step whose gradients hold inf or NaN. The
             step is not taken, so the parameters keep their last finite values; no further window of the batch
             runs and the iteration's output is ``float("nan")``, so that ignite's ``TerminateOnNan`` ends the run

@@ -13,10 +13,9 @@ from ignite.engine import Engine, EventEnum, Events
 from ignite.handlers import TensorboardLogger, global_step_from_engine
 from ignite.handlers.tensorboard_logger import OptimizerParamsHandler
 
-from .checks import positive_int
-from .clipping import gradient_norm
-from .engine import DeterministicTBPTTEngine, TBPTTEngine
-from .events import TBPTTEvents
+from ..checks import positive_int
+from ..engine import DeterministicTBPTTEngine, TBPTTEngine, TBPTTEvents, TBPTTStep
+from .gradient_clipping import gradient_norm
 
 __all__ = ["attach_tensorboard"]
 
@@ -43,12 +42,12 @@ def _peak_memory_mib(device: torch.device) -> float | None:
 class _Telemetry:
     """Puts what the "train" section logs into ``engine.state`` just before it is logged."""
 
-    def __init__(self, trainer: Engine) -> None:
+    def __init__(self, trainer: Engine, step: TBPTTStep) -> None:
         self.last_time: float | None = None
         self.last_targets = 0
-        params = trainer.tbptt.parameters()
+        params = step.parameters()
         self.device = params[0].device if params else torch.device("cpu")
-        self.scaler = trainer.tbptt.scaler
+        self.scaler = step.scaler
         state = trainer.state
         state.grad_norm = torch.tensor(float("nan"))
         state.loss_scale = float("nan")
@@ -93,7 +92,7 @@ class _ReachLog:
             self.tb.writer.add_scalar("train/reach_at_cut", reach[end - cut] / largest, step)
         self.profiles.append(reach)
         if len(self.profiles) == self.picture_every:
-            from .plot import plot_reach  # imports matplotlib
+            from ..plot import plot_reach  # imports matplotlib
 
             if any(v > 0 for p in self.profiles for v in p.values()):
                 self.tb.writer.add_figure("gradient_reach", plot_reach(self.profiles), step)
@@ -173,13 +172,14 @@ def attach_tensorboard(
         def step(_: Engine, __: Any) -> int:
             return trainer.state.targets_seen
 
-    params = trainer.tbptt.parameters()
+    tbptt = TBPTTStep.of(trainer, "attach_tensorboard")
+    params = tbptt.parameters()
     trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, lambda engine: gradient_norm(engine, params))
-    telemetry = _Telemetry(trainer)
+    telemetry = _Telemetry(trainer, tbptt)
     trainer.add_event_handler(Events.STARTED, telemetry.started)
     window_event = TBPTTEvents.WINDOW_COMPLETED(every=every)
     trainer.add_event_handler(window_event, telemetry)
-    attributes = [a for a in _TRAIN_ATTRIBUTES if a != "loss_scale" or trainer.tbptt.scaler is not None]
+    attributes = [a for a in _TRAIN_ATTRIBUTES if a != "loss_scale" or tbptt.scaler is not None]
     # A window of padding only (packed sequences) learned nothing: its loss of 0.0 would draw a false dip.
     learned = TBPTTEvents.WINDOW_COMPLETED(event_filter=lambda engine, window: _learned(engine, window, every))
     tb.attach_output_handler(trainer, learned, tag="train", state_attributes=attributes, global_step_transform=step)
@@ -188,18 +188,18 @@ def attach_tensorboard(
         trainer.register_events(*_TokensLogged, event_to_attr={_TokensLogged.TRAIN: "targets_seen"})
         trainer.add_event_handler(window_event, lambda engine: engine.fire_event(_TokensLogged.TRAIN))
         lr_event = _TokensLogged.TRAIN
-    tb.attach(trainer, OptimizerParamsHandler(trainer.tbptt.optimizer, tag="train"), lr_event)
+    tb.attach(trainer, OptimizerParamsHandler(tbptt.optimizer, tag="train"), lr_event)
     # Whether a GradientReach or an AdaptiveTruncation is attached, before or after this call, shows in the state.
     trainer.add_event_handler(window_event, _log_k2, tb, step)
     trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, _ReachLog(tb, step, reach_picture_every))
     for name, evaluator in (evaluators or {}).items():
         tb.attach_output_handler(evaluator, Events.COMPLETED, tag=name, metric_names="all", global_step_transform=step)
 
-    values = {**trainer.tbptt.hparams(), **(hparams or {})}
+    values = {**tbptt.hparams(), **(hparams or {})}
     tb.writer.add_hparams(values, {}, run_name=".")  # "." keeps them in the run's own directory
-    windows = trainer.tbptt.source.hparams()
+    windows = tbptt.window_source.hparams()
     if "k1" in windows and "k2" in windows:
-        from .plot import plot_schedule  # imports matplotlib
+        from ..plot import plot_schedule  # imports matplotlib
 
         k1, k2 = windows["k1"], windows["k2"]
         tb.writer.add_figure("schedule", plot_schedule(k1, k2, n_steps=min(4 * k1 + k2, 12 * k1)))

@@ -15,7 +15,7 @@ A *segment* is one model call over consecutive steps of a window. Before running
   sweep starts right after it, keeps its loss for the sweep's first traversal instead: one backward call
   fewer, and its loss graph is freed at the same point of the window.
 - A segment that a later window reaches keeps its graph past this window's sweep and, since an optimizer
-  step may come in between, the weights it ran with (:mod:`ignite_tbptt.versions`).
+  step may come in between, the weights it ran with (:mod:`ignite_tbptt.runtime.weight_versions`).
 - A segment also ends where some column of the batch starts a new sequence, so that the hidden-state reset
   falls between two model calls; batches without starts are run exactly as without them.
 - A window whose gradient reach is recorded with a stride also ends a segment every ``stride`` steps.
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from .schedule import Window, WindowSource
+from .window import Window, WindowSource
 
 __all__ = ["SegmentPlan", "plan_segment"]
 
@@ -56,8 +56,20 @@ class SegmentPlan(NamedTuple):
     reached_later: bool
     #: Its graph must keep the weights it ran with across optimizer steps.
     keep_weights: bool
-    #: Gradient may flow into its input hidden state (it starts after the lowest cut its window can have).
+    #: Gradient flows into its input hidden state: it starts after the lowest cut its window can have, or the
+    #: window's gradient reach is recorded, which needs the gradient at the cut too.
     hidden_requires_grad: bool
+    #: Its loss waits for the window's backward sweep, which starts right after it: its first traversal of the
+    #: segment backpropagates the loss too, one backward call instead of two.
+    loss_in_sweep: bool
+    #: The loss is backpropagated as ``loss_fn`` returns it, the mean over the segment's targets, rather than
+    #: their sum: the segment is its window and the window its optimizer step's only gradient (one window per
+    #: step, one process), so the step would divide the sum by the same count. The gradient is then the one a
+    #: hand-written loop computes.
+    backward_mean: bool
+    #: The window's backward sweep passes through it, so it joins the retained history: it owes its loss's
+    #: gradient, or gradient flows into its input hidden state.
+    joins_history: bool
 
     @property
     def loss_owed(self) -> bool:
@@ -74,9 +86,12 @@ class SegmentPlan(NamedTuple):
         return self.opens_window and self.closes_window and not self.own_loss_only
 
     @property
-    def retained(self) -> bool:
-        """Whether the window's backward sweep passes through it (all but the steps before the cut)."""
-        return not self.own_loss_only
+    def detaches_predictions(self) -> bool:
+        """Whether its loss is backpropagated to its predictions at once and their gradient owed to the sweep.
+
+        Per-token backward: the loss graph (a large vocabulary's log-softmax, say) is freed right away.
+        """
+        return not self.backward_now and not self.loss_in_sweep
 
 
 def plan_segment(
@@ -87,7 +102,9 @@ def plan_segment(
     stream_end: int | None,
     recompute: int | None = None,
     next_start: int | None = None,
-    longest: int | None = None,
+    stride: int | None = None,
+    recorded: bool = False,
+    one_window_per_step: bool = False,
 ) -> SegmentPlan:
     """Plan the segment that starts at ``step`` in ``window``.
 
@@ -100,21 +117,28 @@ def plan_segment(
             unknown, before its last batch).
         recompute: in recomputation mode, the most steps a rebuilt segment may have; ``None`` otherwise.
         next_start: the first step after ``step`` where some column starts a new sequence, or ``None``.
-        longest: if given, a segment also ends every ``longest`` steps from the window's start (a window whose
-            gradient reach is recorded with a ``stride``); the gradients do not change.
+        stride: if given, a segment also ends every ``stride`` steps from the window's start (a window whose
+            gradient reach is recorded with a stride); the gradients do not change.
+        recorded: the window's gradient reach is recorded (:class:`~ignite_tbptt.GradientReach`), which needs the
+            gradient at its cut.
+        one_window_per_step: each optimizer step applies one window of one process (no accumulation, no other
+            process), so that a window of one segment may backpropagate its mean loss.
 
     Returns:
         The segment's :class:`SegmentPlan`.
 
     Examples:
-        >>> from ignite_tbptt import Schedule
+        >>> from ignite_tbptt import Schedule, Window
         >>> s = Schedule(k1=4, k2=6)  # the next window's cut lies 2 steps before its start
         >>> first = plan_segment(s, s.window(0), 0, batch_end=10, stream_end=10)
         >>> first.end, first.backward_now, first.reached_later
         (2, False, False)
         >>> second = plan_segment(s, s.window(0), 2, batch_end=10, stream_end=10)
-        >>> second.end, second.closes_window, second.keep_weights
-        (4, True, True)
+        >>> second.end, second.closes_window, second.keep_weights, second.loss_in_sweep
+        (4, True, True, True)
+        >>> whole = plan_segment(Schedule(4, 4), Window(0, 4, 0), 0, 10, 10, one_window_per_step=True)
+        >>> whole.whole_window, whole.backward_now, whole.backward_mean, whole.joins_history
+        (True, True, True, False)
     """
     if stream_end is not None:
         window_end: int | None = min(window.end, stream_end)
@@ -125,8 +149,8 @@ def plan_segment(
         end = min(end, step + recompute)
     if next_start is not None:  # the reset before a sequence's first step falls between two model calls
         end = min(end, next_start)
-    if longest is not None:  # more segment starts, more points of the gradient-reach profile
-        end = min(end, step + longest - (step - window.start) % longest)
+    if stride is not None:  # more segment starts, more points of the gradient-reach profile
+        end = min(end, step + stride - (step - window.start) % stride)
     # The cut only moves forward as a window grows, so while the window's end is unknown, the cut of the
     # window cut short at the batch's end bounds it from below.
     lowest_cut = source.cut(window.start, window_end if window_end is not None else batch_end)
@@ -136,17 +160,22 @@ def plan_segment(
     closes_window = end == window_end
     backward_now = own_loss_only or (not deferred and closes_window and not reached_later)
     keep_weights = reached_later and not deferred
+    opens_window = step == window.start
+    hidden_requires_grad = step > lowest_cut or (recorded and not own_loss_only)
     # In the fields' order: keyword arguments would double the cost of the tuple, made once per model call.
     return SegmentPlan(
         step,
         end,
         window_end,
-        step == window.start,
+        opens_window,
         closes_window,
         own_loss_only,
         backward_now,
         deferred,
         reached_later,
         keep_weights,
-        step > lowest_cut,
+        hidden_requires_grad,
+        not backward_now and closes_window and not deferred,
+        one_window_per_step and opens_window and closes_window and not own_loss_only,
+        not own_loss_only and (not backward_now or hidden_requires_grad),
     )

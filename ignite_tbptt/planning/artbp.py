@@ -18,8 +18,8 @@ from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any
 
-from .checks import positive_int
-from .schedule import Window, WindowSource
+from ..checks import positive_int
+from .window import Window, WindowSource
 
 __all__ = ["ARTBP"]
 

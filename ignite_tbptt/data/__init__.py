@@ -1,0 +1,25 @@
+"""Data: batches for the trainer, from one long token sequence or from many sequences and recordings.
+
+:func:`stream_batches` cuts one token sequence into the pieces of a ``carry_hidden=True`` stream;
+:func:`pack_sequences` and :func:`pack_recordings` pack many sequences into the columns of such a stream, marking
+where each starts (batches ``(x, y, starts)``) and padding what is left; :func:`masked_loss` and
+:func:`count_targets` leave that padding out. :mod:`ignite_tbptt.data.batch` holds the checks every batch passes
+and ``prepare_batch``. Modules here import torch, ignite and :mod:`ignite_tbptt.checks`.
+"""
+
+from .batch import prepare_batch
+from .masks import count_targets, masked_loss
+from .recordings import PackedRecordings, pack_recordings
+from .sequences import PackedSequences, pack_sequences
+from .streams import stream_batches
+
+__all__ = [
+    "stream_batches",
+    "pack_sequences",
+    "PackedSequences",
+    "pack_recordings",
+    "PackedRecordings",
+    "masked_loss",
+    "count_targets",
+    "prepare_batch",
+]

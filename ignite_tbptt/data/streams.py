@@ -1,0 +1,45 @@
+"""One long token sequence cut into the batches of a ``carry_hidden=True`` stream: the language-model layout."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["stream_batches"]
+
+
+def stream_batches(tokens: torch.Tensor, batch_size: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Lay ``tokens`` out as ``batch_size`` parallel streams and cut them into consecutive batches.
+
+    The usual language-model layout (Zaremba et al., 2014, "Recurrent neural network regularization",
+    section 4.1): the sequence is split into ``batch_size`` contiguous parts read side by side, so that batch
+    ``i + 1`` continues batch ``i`` column by column and the hidden state can be carried over
+    (``create_tbptt_trainer(..., carry_hidden=True)``). Tokens that do not fill a whole column are dropped.
+
+    Args:
+        tokens: 1-D tensor of token ids, shape ``(N,)``.
+        batch_size: number of parallel streams ``B``.
+        length: steps per batch ``T``; the last batch may be shorter.
+
+    Returns:
+        A list of ``(x, y)`` with ``x`` and ``y`` of shape ``(T, B)`` (views of one tensor), where ``y`` is ``x``
+        shifted one step ahead: the next token to predict.
+
+    Raises:
+        ValueError: if ``tokens`` is not 1-D, ``batch_size`` or ``length`` is not positive, or ``tokens`` is
+            too short to give every stream at least two tokens.
+
+    Examples:
+        >>> batches = stream_batches(torch.arange(10), batch_size=2, length=3)
+        >>> [(x.tolist(), y.tolist()) for x, y in batches]
+        [([[0, 5], [1, 6], [2, 7]], [[1, 6], [2, 7], [3, 8]]), ([[3, 8]], [[4, 9]])]
+    """
+    if tokens.dim() != 1:
+        raise ValueError(f"tokens must be 1-D (N,), got shape {tuple(tokens.shape)}.")
+    if batch_size < 1 or length < 1:
+        raise ValueError(f"batch_size and length must be positive, got {batch_size} and {length}.")
+    steps = tokens.numel() // batch_size
+    if steps < 2:
+        raise ValueError(f"{tokens.numel()} tokens are too few for {batch_size} streams; use a smaller batch_size.")
+    columns = tokens[: steps * batch_size].view(batch_size, steps).t()  # (steps, B)
+    starts = range(0, steps - 1, length)
+    return [(columns[i : min(i + length, steps - 1)], columns[i + 1 : i + 1 + length]) for i in starts]

@@ -1,0 +1,332 @@
+"""The process function of a TBPTT(k1, k2) trainer: the ignite adapter around the stream loop."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from ignite.contrib.engines.tbptt import Tbptt_Events
+from ignite.engine import Engine, Events
+
+from ..data.batch import split_batch
+from ..planning import WindowSource
+from ..runtime import ModelCall, RetainedHistory
+from ..runtime import hidden as hs
+from ..runtime.compiled import retainable
+from . import distributed
+from .checkpoint import configuration
+from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
+from .optimizer_step import OptimizerStep
+from .stream_loop import CompletedWindow, StreamLoop
+
+__all__ = ["TBPTTStep"]
+
+_SOURCE_CHANGE = "the window source can only change before a run or between epochs; a stream is at step {}."
+
+
+class TBPTTStep:
+    """Process function of a TBPTT(k1, k2) trainer; build it with :func:`~ignite_tbptt.tbptt_training_step`.
+
+    The ignite adapter: it registers :class:`~ignite_tbptt.TBPTTEvents` and the counters on the engine, starts and
+    ends streams with the run and its epochs, fires the events at window and optimizer-step boundaries, and saves
+    the stream in :meth:`state_dict`. The work is the :attr:`loop`'s, a
+    :class:`~ignite_tbptt.engine.stream_loop.StreamLoop`: it plans each segment, has the runtime execute it, closes
+    windows and takes optimizer steps, and reports each boundary back here. It attaches itself to the engine that
+    runs it, on the first iteration at the latest, so ``Engine(tbptt_training_step(...))`` works as ignite's
+    ``Engine(supervised_training_step(...))``.
+
+    Handlers reach it through :meth:`of` and use its public methods: :meth:`record_reach`, :meth:`use_source`,
+    :attr:`window_source`, :meth:`parameters`, :attr:`optimizer`, :attr:`scaler`, :meth:`hparams`.
+
+    Host reads: none per window unless asked for. The iteration's output (``loss.item()`` by default) is one read
+    per iteration, as in ignite. ``engine.state.output`` is set to the window's mean loss as a float, one read,
+    only while a handler listens to ``TBPTTEvents.WINDOW_COMPLETED`` or ``Tbptt_Events.TIME_ITERATION_COMPLETED``.
+    Without a scaler, the finiteness check of an optimizer step reads nothing with an optimizer that skips on the
+    device (fused ``SGD``, ``Adam``, ``AdamW``), whose decisions are read once at the iteration's end, and one
+    value per step with any other. With a ``GradScaler``, whether it skipped a step is one read per step (besides
+    what ``GradScaler.step`` reads with an unfused optimizer). A batch with ``starts`` costs one read to find them.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        source: WindowSource,
+        *,
+        model_call: ModelCall,
+        optimizer_step: OptimizerStep,
+        time_dim: int,
+        carry_hidden: bool,
+        device: str | torch.device | None,
+        non_blocking: bool,
+        prepare_batch: Callable,
+        output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None,
+        target_count_fn: Callable[[Any, Any], int] | None,
+        recompute: int | None = None,
+    ) -> None:
+        self.loop = StreamLoop(
+            model,
+            model_call,
+            loss_fn,
+            source,
+            optimizer_step,
+            time_dim=time_dim,
+            carry_hidden=carry_hidden,
+            target_count_fn=target_count_fn,
+            recompute=recompute,
+        )
+        self.optimizer_step = optimizer_step
+        self.time_dim, self.carry_hidden, self.recompute = time_dim, carry_hidden, recompute
+        self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
+        self.output_transform = output_transform
+        # What checkpoints record, to refuse a resume into another configuration (ignite_tbptt.engine.checkpoint).
+        self.configuration = configuration(source, carry_hidden, recompute, optimizer_step.accumulation)
+        self.reach_every: tuple[int, ...] = ()  # record the gradient reach of every n-th window, for each n
+        self._engine: Engine | None = None
+        self._loaded: dict | None = None
+
+    # -- the seam for handlers ---------------------------------------------------------------------------------
+    @classmethod
+    def of(cls, engine: Engine, handler: str = "this handler") -> TBPTTStep:
+        """The TBPTT process function ``engine`` runs: how a handler reaches the trainer it attaches to.
+
+        Args:
+            engine: an engine of :func:`~ignite_tbptt.create_tbptt_trainer`, or ``Engine(tbptt_training_step(...))``.
+            handler: the handler's name, for the error.
+
+        Raises:
+            TypeError: if ``engine`` does not run one.
+        """
+        step = getattr(engine, "tbptt", None) or getattr(engine, "_process_function", None)
+        if not isinstance(step, cls):
+            raise TypeError(f"{handler} attaches to a TBPTT trainer: create_tbptt_trainer(...) or Engine(step).")
+        return step
+
+    @property
+    def window_source(self) -> WindowSource:
+        """The window source in use (a :class:`~ignite_tbptt.Schedule` for fixed k1, k2, or a handler's)."""
+        return self.loop.stream.source
+
+    @property
+    def history(self) -> RetainedHistory:
+        """The stream's retained segments (``history.versions``: the weights they need across optimizer steps)."""
+        return self.loop.history
+
+    @property
+    def optimizer(self) -> Any:
+        """The torch optimizer."""
+        return self.optimizer_step.optimizer
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        """The ``GradScaler``, or ``None``."""
+        return self.optimizer_step.scaler
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The parameters the optimizer updates, in its order."""
+        return self.optimizer_step.parameters()
+
+    def hparams(self) -> dict[str, Any]:
+        """The trainer's hyper-parameters, for logging."""
+        return {
+            **self.window_source.hparams(),
+            "carry_hidden": self.carry_hidden,
+            "gradient_accumulation_steps": self.optimizer_step.accumulation,
+            "scaler": self.scaler is not None,
+            "recompute": self.recompute or 0,
+        }
+
+    def use_source(self, source: WindowSource) -> None:
+        """Take the windows of the streams from ``source``, before a stream starts (before a run or between epochs).
+
+        Handlers that plan windows (:class:`~ignite_tbptt.AdaptiveTruncation`) install their source here. A
+        source whose windows reach into earlier ones gets the weight versions it needs.
+
+        Raises:
+            RuntimeError: if a stream is under way: its windows so far kept no more history than the old
+                source's cuts needed.
+        """
+        if self.loop.stream.position > 0:
+            raise RuntimeError(_SOURCE_CHANGE.format(self.loop.stream.position))
+        self.loop.use_source(source)
+        if self._engine is not None:
+            source.connect(self._engine, self)
+
+    def record_reach(self, every: int, stride: int | None = None) -> None:
+        """Record the gradient reach of every ``every``-th window too; a ``stride`` splits recorded windows.
+
+        The windows any handler asks for are recorded (GradientReach, AdaptiveTruncation).
+        """
+        self.reach_every = tuple(sorted({*self.reach_every, every}))
+        self.loop.reach_stride = stride if stride is not None else self.loop.reach_stride
+
+    def _records(self, window: int) -> bool:
+        return bool(self.reach_every) and any(window % every == 0 for every in self.reach_every)
+
+    # -- ignite lifecycle --------------------------------------------------------------------------------------
+    def attach(self, engine: Engine) -> None:
+        """Register the events, counters and the handlers that start and end streams and epochs on ``engine``."""
+        register_tbptt_events(engine)
+        engine.state.window_loss = engine.state.window_bounds = engine.state.gradient_reach = None
+        engine.state.window_targets = engine.state.targets_seen = engine.state.step_targets = 0
+        if "targets_seen" not in engine.state_dict_user_keys:
+            engine.state_dict_user_keys.append("targets_seen")
+        engine.add_event_handler(Events.STARTED, self._started)
+        engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
+        engine.add_event_handler(Events.EPOCH_COMPLETED, self.end_epoch)
+        self._engine = engine
+        self.loop.listener = _EngineListener(engine, self)
+        self.window_source.connect(engine, self)
+
+    def _attach_late(self, engine: Engine) -> None:
+        # Engine(step) without create_tbptt_trainer: STARTED and the first EPOCH_STARTED have already fired.
+        self.attach(engine)
+        _zero_counters(engine)
+        self._started(engine)
+
+    def _started(self, engine: Engine) -> None:
+        loop = self.loop
+        loop.failed = None
+        self.optimizer_step.failure()  # forget decisions of an interrupted run
+        self.optimizer_step.distributed = distributed.is_distributed()
+        if self.optimizer_step.distributed:
+            distributed.broadcast_parameters(self.parameters())
+        if engine.state.iteration == 0:
+            _zero_counters(engine)
+        loaded, self._loaded = self._loaded, None
+        if loaded is None or engine.state.iteration == 0:
+            loop.reset()
+            return
+        self._check_source(loaded)
+        try:
+            loop.stream.load_state_dict(loaded)
+            self.optimizer_step.load_state_dict(loaded)
+        except BaseException:  # neither half of a checkpoint: the stream starts afresh
+            loop.reset()
+            raise
+        # A window left open goes on being recorded if it was (GradientReach, AdaptiveTruncation).
+        loop.recording = loop.stream.window is not None and self._records(engine.state.window)
+
+    def _check_source(self, state: dict[str, Any]) -> None:
+        saved, given = state.get("configuration", {}).get("source"), type(self.window_source).__name__
+        if saved is not None and saved != given and state["position"] > 0:
+            raise ValueError(
+                f"the checkpoint's stream is under way with windows from {saved}, this trainer's come from "
+                f"{given}: attach the same handlers (e.g. AdaptiveTruncation) before resuming."
+            )
+
+    def _epoch_started(self, engine: Engine) -> None:
+        # A run resumed mid-epoch fires EPOCH_STARTED again; the restored stream goes on.
+        if engine.state.epoch_length is None or engine.state.iteration % engine.state.epoch_length == 0:
+            self.loop.stream.reset()
+
+    def end_epoch(self, engine: Engine) -> None:
+        """End the stream and apply the windows not yet applied; runs once per epoch, whatever calls it first.
+
+        Raises:
+            FloatingPointError: if an optimizer step of the run was refused for non-finite gradients.
+        """
+        self._raise_if_failed()
+        self.loop.end_stream()
+
+    def _raise_if_failed(self) -> None:
+        if self.loop.failed is not None:
+            raise self.loop.failed
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream's state (position, hidden state, open window, retained history) and accumulated gradients.
+
+        The retained graphs are saved as what rebuilds them (each segment's input, input hidden state,
+        random state, and the weights it ran with); :meth:`load_state_dict` rebuilds them when the next run
+        starts, so that resuming gives the parameters of an uninterrupted run. ``create_tbptt_trainer``'s
+        engine includes this in its own ``state_dict()``, so ignite's ``Checkpoint`` saves it.
+        """
+        # The source in use may be a handler's (AdaptiveTruncation), installed after the trainer was built.
+        record = {**self.configuration, "source": type(self.window_source).__name__}
+        return {"configuration": record, **self.loop.stream.state_dict(), **self.optimizer_step.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state when the engine's next run starts (after model and optimizer load)."""
+        self._loaded = state
+
+    # -- one iteration -----------------------------------------------------------------------------------------
+    def __call__(self, engine: Engine, batch: Sequence[Any]) -> Any:
+        """Run the segments of one batch; returns ``output_transform``'s value for the batch."""
+        # Compiled graphs that outlive an optimizer step must be backpropagated again: one scope per iteration.
+        with retainable(self.history.versions is not None):
+            return self._iterate(engine, batch)
+
+    def _iterate(self, engine: Engine, batch: Sequence[Any]) -> Any:
+        if engine is not self._engine:
+            self._attach_late(engine)
+        self._raise_if_failed()
+        loop = self.loop
+        x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
+        length, resets = loop.check_batch(x, y, starts)
+        epoch_length = engine.state.epoch_length
+        last = epoch_length is not None and engine.state.iteration % epoch_length == 0
+        result = loop.run_batch(x, y, length, resets, last, keep_predictions=self.output_transform is not None)
+        if last and loop.failed is None:
+            self.end_epoch(engine)
+        loop.collect_failure()
+        if loop.failed is not None:  # a NaN output, so that ignite's TerminateOnNan ends the run here
+            return float("nan")
+        loss = result.loss.mean()
+        if self.output_transform is None:
+            return loss.item()
+        return self.output_transform(x, y, hs.cat(result.predictions, self.time_dim), loss)
+
+
+class _EngineListener:
+    """Turns what the stream loop reports into ``engine.state`` and ignite's events (the loop's ``LoopListener``)."""
+
+    __slots__ = ("engine", "step")
+
+    def __init__(self, engine: Engine, step: TBPTTStep) -> None:
+        self.engine, self.step = engine, step
+
+    def window_started(self) -> bool:
+        engine = self.engine
+        engine.state.window += 1
+        recorded = self.step._records(engine.state.window)
+        fire(engine, TBPTTEvents.WINDOW_STARTED)
+        fire(engine, Tbptt_Events.TIME_ITERATION_STARTED)
+        return recorded
+
+    def targets_processed(self, targets: int) -> None:
+        self.engine.state.targets_seen += targets
+
+    def step_counters(self) -> tuple[int, int, int]:
+        state = self.engine.state
+        return state.optimizer_step + 1, state.window, state.iteration
+
+    def step_started(self, targets: int) -> None:
+        engine = self.engine
+        engine.state.step_targets = targets
+        engine.state.optimizer_step += 1
+        fire(engine, TBPTTEvents.OPTIMIZER_STEP_STARTED)
+
+    def step_completed(self) -> None:
+        fire(self.engine, TBPTTEvents.OPTIMIZER_STEP_COMPLETED)
+
+    def window_completed(self, window: CompletedWindow) -> None:
+        engine = self.engine
+        state = engine.state
+        state.gradient_reach = window.reach
+        state.window_loss = window.loss.mean()
+        state.window_targets = window.loss.targets
+        state.window_bounds = (window.start, window.end, window.cut)
+        if listened(engine, TBPTTEvents.WINDOW_COMPLETED, Tbptt_Events.TIME_ITERATION_COMPLETED):
+            # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float
+            # (a read from the device, so only for handlers).
+            state.output = float(state.window_loss)
+        self.step.window_source.observe(engine)  # a source that learns from the window does so before handlers read
+        fire(engine, TBPTTEvents.WINDOW_COMPLETED)
+        fire(engine, Tbptt_Events.TIME_ITERATION_COMPLETED)
+
+
+def _zero_counters(engine: Engine) -> None:
+    # A fresh run counts windows, optimizer steps and targets from 0.
+    for name in (*COUNTERS, "targets_seen"):
+        setattr(engine.state, name, 0)

@@ -1,0 +1,285 @@
+"""The walk along a stream: each batch's segments, the windows they close and the optimizer steps that follow.
+
+A :class:`StreamLoop` plans every segment (:func:`~ignite_tbptt.planning.plan_segment`), has the
+:class:`~ignite_tbptt.runtime.SegmentExecutor` run it, closes each window with its backward sweep and takes the
+optimizer step of every accumulation that completes. It imports no ignite: what happens at a window's or a step's
+boundary is reported to a :class:`LoopListener` (the process function, :mod:`ignite_tbptt.engine.process`), which
+fires ignite's events and keeps ``engine.state``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from ..data.batch import check_pair, resets_by_step
+from ..planning import WindowSource, plan_segment
+from ..runtime import (
+    LossSum,
+    ModelCall,
+    ParameterVersions,
+    RetainedHistory,
+    SegmentExecutor,
+    StreamState,
+    check_resettable,
+    default_reset_hidden,
+    profiled,
+    reach_profile,
+)
+from .optimizer_step import OptimizerStep
+
+__all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
+
+
+class CompletedWindow(NamedTuple):
+    """A window whose backward pass (and optimizer step, if one was due) is done."""
+
+    #: First step of the window.
+    start: int
+    #: End (exclusive) of the window.
+    end: int
+    #: Its cut: the first step its backward pass reached.
+    cut: int
+    #: Its loss over its segments, with their target count.
+    loss: LossSum
+    #: Its gradient reach, ``{lag: norm}`` (:func:`~ignite_tbptt.runtime.reach_profile`), if it was recorded.
+    reach: dict[int, float] | None
+
+
+class BatchResult(NamedTuple):
+    """What one batch gave."""
+
+    #: The loss of the segments the batch ran, with their target count.
+    loss: LossSum
+    #: Their detached predictions, in order, if asked for.
+    predictions: list[Any]
+
+
+class LoopListener(Protocol):
+    """What the loop reports, in this order for each window: started, targets, step started and completed, completed."""
+
+    def window_started(self) -> bool:
+        """A window opens; returns whether its gradient reach is recorded."""
+
+    def targets_processed(self, targets: int) -> None:
+        """A segment's ``targets`` entered the loss."""
+
+    def step_counters(self) -> tuple[int, int, int]:
+        """The optimizer step about to be taken, its window and iteration, for the error of a refused step."""
+
+    def step_started(self, targets: int) -> None:
+        """The gradients of an optimizer step over ``targets`` targets are final; the step comes next."""
+
+    def step_completed(self) -> None:
+        """The optimizer stepped (or the scaler skipped the step)."""
+
+    def window_completed(self, window: CompletedWindow) -> None:
+        """A window's backward pass and its optimizer step, if one was due, are done."""
+
+
+class StreamLoop:
+    """Runs the batches of a stream: their segments, windows and optimizer steps.
+
+    Args:
+        model: the model, put in training mode for every batch and window.
+        model_call: runs the model on a segment.
+        loss_fn: ``loss_fn(y_pred, y)``, reducing by mean over its targets.
+        source: the window source.
+        optimizer_step: the accumulation and the optimizer step.
+        time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred``.
+        carry_hidden: whether the batches of an epoch are pieces of one stream.
+        target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
+        recompute: the most steps a rebuilt segment may have in recomputation mode, or ``None``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_call: ModelCall,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        source: WindowSource,
+        optimizer_step: OptimizerStep,
+        *,
+        time_dim: int,
+        carry_hidden: bool,
+        target_count_fn: Callable[[Any, Any], int] | None,
+        recompute: int | None,
+    ) -> None:
+        self.model, self.optimizer_step = model, optimizer_step
+        self.time_dim, self.carry_hidden, self.recompute = time_dim, carry_hidden, recompute
+        # Only windows that reach into earlier ones keep graphs alive across an optimizer step.
+        versions = ParameterVersions(optimizer_step.parameters) if source.spans_windows else None
+        history = RetainedHistory(model_call, optimizer_step.parameters, versions, recompute is not None)
+        self.stream = StreamState(source, history)
+        self.executor = SegmentExecutor(model_call, loss_fn, self.stream, optimizer_step.scaler, target_count_fn)
+        self.listener: LoopListener | None = None
+        self.recording = False  # the open window's gradient reach is recorded
+        self.reach_stride: int | None = None  # and its segments end this often, for more points of its profile
+        self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
+
+    @property
+    def history(self) -> RetainedHistory:
+        """The stream's retained segments."""
+        return self.stream.history
+
+    def use_source(self, source: WindowSource) -> None:
+        """Take the windows from ``source`` from the stream's start; one that reaches back gets weight versions."""
+        if source.spans_windows and self.history.versions is None:
+            self.history.versions = ParameterVersions(self.optimizer_step.parameters)
+        self.stream.source = source
+
+    def reset(self) -> None:
+        """Forget the stream and the accumulated windows: a run starts afresh."""
+        self.stream.reset()
+        self.optimizer_step.reset()
+
+    # -- one batch ---------------------------------------------------------------------------------------------
+    def check_batch(self, x: Any, y: Any, starts: Any) -> tuple[int, dict[int, torch.Tensor]]:
+        """Check the batch before it changes anything.
+
+        Returns:
+            Its length, and the columns starting a sequence (``(B,)`` bool) at each step of the batch where any
+            does.
+
+        Raises:
+            TypeError, ValueError: as :func:`~ignite_tbptt.create_tbptt_trainer` lists for batches.
+        """
+        length = check_pair(x, y, self.time_dim)
+        resets = {} if starts is None else self._check_starts(x, starts)
+        if self.carry_hidden:
+            self.stream.check_columns(x, self.time_dim)
+        return length, resets
+
+    def _check_starts(self, x: torch.Tensor, starts: Any) -> dict[int, torch.Tensor]:
+        # The one read from the device that starts cost; a batch without them runs as before.
+        resets = resets_by_step(starts, x, self.time_dim)
+        if resets and self.executor.model_call.reset_hidden is default_reset_hidden:
+            columns = next(iter(resets.values())).shape[0]
+            if self.carry_hidden and self.stream.hidden is not None:
+                check_resettable(self.stream.hidden, columns)
+            else:  # known after the stream's first model call
+                self.executor.check_columns = columns
+        return resets
+
+    def run_batch(
+        self, x: Any, y: Any, length: int, resets: dict[int, torch.Tensor], last: bool, keep_predictions: bool
+    ) -> BatchResult:
+        """Run a checked batch of ``length`` steps; ``last`` if it is the epoch's last (or each batch is a stream).
+
+        The stream's windows that close inside the batch are backpropagated, and their optimizer steps taken;
+        no window runs after a refused step (:attr:`failed`).
+        """
+        self.model.train()
+        stream, run = self.stream, self.executor.run
+        if not self.carry_hidden:
+            stream.reset()
+        offset = stream.position
+        batch_end = offset + length
+        stream_end = batch_end if not self.carry_hidden or last else None
+        sequence_starts = [offset + t for t in resets]
+        one_window_per_step = self.optimizer_step.one_window_per_step
+        total, predictions = LossSum(), []
+        while stream.position < batch_end and self.failed is None:
+            if stream.window is None:
+                self._open_window()
+            next_start = _next_start(sequence_starts, stream.position) if sequence_starts else None
+            stride = self.reach_stride if self.recording else None
+            plan = plan_segment(
+                stream.source,
+                stream.window,
+                stream.position,
+                batch_end,
+                stream_end,
+                self.recompute,
+                next_start,
+                stride,
+                self.recording,
+                one_window_per_step,
+            )
+            start, end = plan.start - offset, plan.end - offset
+            result = run(
+                plan, self._steps(x, start, end), self._steps(y, start, end), resets.get(start), keep_predictions
+            )
+            total.add(result.loss, result.targets, plan.whole_window)
+            self.optimizer_step.accumulate(result.targets, plan.backward_mean)
+            self.listener.targets_processed(result.targets)
+            predictions.append(result.predictions)
+            if plan.closes_window:
+                self.close_window(plan.end, stream_continues=plan.end != stream_end)
+        return BatchResult(total, predictions)
+
+    def _steps(self, t: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        # Steps [start, end) of a batch (basic slicing is the cheaper view).
+        return t[start:end] if self.time_dim == 0 else t.narrow(1, start, end - start)
+
+    # -- window and step boundaries ----------------------------------------------------------------------------
+    def _open_window(self) -> None:
+        if not self.model.training:  # a handler evaluated the model since the last window
+            self.model.train()
+        self.optimizer_step.window_started()
+        self.stream.open_window()
+        self.recording = self.listener.window_started()
+
+    def close_window(self, end: int, stream_continues: bool) -> None:
+        """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due."""
+        stream, source = self.stream, self.stream.source
+        start = stream.window.start
+        cut = source.cut(start, end)
+        stream.following = source.window(end) if stream_continues else None
+        next_cut = None if stream.following is None else stream.following.cut
+        reach = self.executor.close_window(start, cut, next_cut, self.recording)
+        profile = None
+        if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
+            scaler = self.optimizer_step.scaler
+            scale = scaler.get_scale() if scaler is not None else 1.0
+            # What turns the backpropagated loss into the mean: 1 if the window backpropagated its mean.
+            divisor = 1 if self.optimizer_step.backward_mean else stream.window_loss.targets
+            profile = reach_profile(reach, end, divisor, scale)
+        stream.window = None
+        if self.optimizer_step.window_completed():
+            self.take_step()
+        self.listener.window_completed(CompletedWindow(start, end, cut, stream.window_loss, profile))
+
+    def take_step(self) -> None:
+        """Take the optimizer step over the accumulated windows; a refused one is kept in :attr:`failed`."""
+        if self.history.segments:
+            self.history.versions.freeze()
+        try:
+            with profiled("tbptt.optimizer_step"):
+                targets = self.optimizer_step.prepare(self.listener.step_counters())
+                if not targets:
+                    return
+                self.listener.step_started(targets)
+                if self.optimizer_step.apply():  # the scaler skipped it: cut the history there
+                    self.stream.recover()
+                self.listener.step_completed()
+        except FloatingPointError as error:
+            # No window runs after this one; the iteration ends with a NaN output, and the error is raised
+            # when anything would run next, unless a handler (TerminateOnNan) ends the run first.
+            self.history.clear()
+            self.failed = error
+
+    def end_stream(self) -> None:
+        """Close the open window and apply the windows not yet applied; the stream starts afresh after."""
+        if self.stream.window is not None:
+            self.close_window(self.stream.position, stream_continues=False)
+        if self.optimizer_step.windows:
+            self.take_step()
+        self.collect_failure()
+        self.stream.reset()
+
+    def collect_failure(self) -> None:
+        """Read the device's decisions on the steps taken (one read, where the iteration's output is read anyway)."""
+        failure = self.optimizer_step.failure()
+        if failure is not None and self.failed is None:
+            self.history.clear()
+            self.failed = failure
+
+
+def _next_start(starts: list[int], step: int) -> int | None:
+    # The first step after `step` where some column starts a sequence, if any.
+    following = bisect_right(starts, step)
+    return starts[following] if following < len(starts) else None

@@ -1,0 +1,43 @@
+"""Runtime: the torch side of the trainer, which carries out the plans and knows nothing of ignite.
+
+The executor (:class:`SegmentExecutor`) runs one segment as its :class:`~ignite_tbptt.planning.SegmentPlan` says:
+the model call (:class:`ModelCall`), the segment's loss paid at once or owed to its window, and what the stream's
+:class:`RetainedHistory` keeps for the window's backward sweep. Around it: the stream's state with its
+``state_dict`` (:class:`StreamState`), the weights retained graphs need across optimizer steps
+(:class:`ParameterVersions`), hidden states as trees of tensors and their per-column reset, the replay of a
+segment's random state for recomputation, the gradients' division and inf/NaN check at an optimizer step, and
+what ``torch.compile`` needs. Modules here import torch, :mod:`ignite_tbptt.planning` and each other, never
+ignite. A new kind of hidden state (how it is flattened, detached, reset) goes here.
+"""
+
+from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
+from .executor import SegmentExecutor, SegmentResult
+from .gradients import divide_and_check, skips_on_device
+from .loss_sum import LossSum
+from .model_call import ModelCall, autocast_for, default_model_fn, device_type_of
+from .profiling import profiled
+from .reset import check_resettable, default_reset_hidden
+from .stream import StreamState
+from .weight_versions import ParameterVersions, WeightVersion
+
+__all__ = [
+    "SegmentExecutor",
+    "SegmentResult",
+    "StreamState",
+    "RetainedHistory",
+    "Segment",
+    "Replay",
+    "reach_profile",
+    "ParameterVersions",
+    "WeightVersion",
+    "ModelCall",
+    "default_model_fn",
+    "autocast_for",
+    "device_type_of",
+    "default_reset_hidden",
+    "check_resettable",
+    "LossSum",
+    "divide_and_check",
+    "skips_on_device",
+    "profiled",
+]
