@@ -1,4 +1,9 @@
-"""The package's shape: modules small enough to read in one sitting, no import cycles, light to import."""
+"""The package's shape: layers that import only what lies below them, small classes and functions, no cycles.
+
+The layers (docs/architecture.md): ``planning`` imports neither torch nor ignite; ``runtime`` imports torch and
+``planning`` but not ignite; ``engine`` wires them into ignite; ``handlers`` reach the rest only through public
+names; ``data`` lays out batches on its own. The tests mirror the package, a folder per subpackage.
+"""
 
 import ast
 import subprocess
@@ -7,8 +12,75 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).parent.parent / "ignite_tbptt"
+ROOT = Path(__file__).parent.parent
+PACKAGE = ROOT / "ignite_tbptt"
 MODULES = sorted(PACKAGE.rglob("*.py"))
+SUBPACKAGES = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+# What each layer may import from the package, besides itself: its subpackages' public names or root modules.
+ALLOWED = {
+    "planning": {"checks"},
+    "runtime": {"planning", "checks"},
+    "data": {"checks"},
+    "engine": {"planning", "runtime", "data", "checks", "version"},
+    "handlers": {"engine", "planning", "checks", "plot"},
+    "examples": {"", "data"},  # the package's public API, as a user imports it
+}
+THIRD_PARTY_FORBIDDEN = {"planning": {"torch", "ignite", "numpy"}, "runtime": {"ignite"}}
+
+
+def module_name(path):
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path):
+    """``(module, names)`` for every import of ``path``, relative ones resolved; TYPE_CHECKING blocks left out."""
+    tree = ast.parse(path.read_text())
+    package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    skipped = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for inner in ast.walk(node)
+    }
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([node.module] if node.module else [])])
+            found.append((base, [alias.name for alias in node.names]))
+    return found
+
+
+def layer(name):
+    """The subpackage of ``ignite_tbptt.<layer>...``, ``""`` for the package itself, a root module's name else."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+@pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
+def test_each_module_imports_only_the_layers_below_it(path):
+    own = layer(module_name(path))
+    if own not in ALLOWED:  # the package's root: __init__, version, checks, metrics, plot
+        return
+    for module, names in imports(path):
+        top = module.split(".")[0]
+        assert top not in THIRD_PARTY_FORBIDDEN.get(own, ()), f"{own} must not import {top}"
+        if top != "ignite_tbptt":
+            continue
+        target = layer(module)
+        if target == own:
+            continue
+        assert target in ALLOWED[own], f"{module_name(path)} imports {module}: {own} may import {ALLOWED[own]}"
+        if own in ("handlers", "examples"):  # public names only: a subpackage's or a root module's own
+            assert module.count(".") <= 1, f"{module_name(path)} reaches into {module}"
+            assert not any(n.startswith("_") for n in names), f"{module_name(path)} imports private {names}"
 
 
 def code_lines(node, lines):
@@ -24,29 +96,32 @@ def code_lines(node, lines):
 
 
 @pytest.mark.parametrize("path", MODULES, ids=[str(p.relative_to(PACKAGE)) for p in MODULES])
-def test_no_class_over_250_code_lines_and_no_function_over_60(path):
+def test_no_class_over_200_code_lines_and_no_function_over_60(path):
     source = path.read_text()
     lines = source.splitlines()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ClassDef):
-            assert code_lines(node, lines) <= 250, node.name
+            assert code_lines(node, lines) <= 200, node.name
         elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             assert code_lines(node, lines) <= 60, node.name
 
 
-def module_imports(path):
-    """The package modules ``path`` imports when it is imported (not under TYPE_CHECKING, not in functions)."""
-    tree = ast.parse(path.read_text())
-    found = set()
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            names = [node.module] if node.module else [alias.name for alias in node.names]
-            found.update(name.split(".")[0] for name in names)
-    return found
+def is_module(name):
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
 
 
 def test_no_import_cycle_inside_the_package():
-    graph = {p.stem: module_imports(p) for p in PACKAGE.glob("*.py") if p.stem != "__init__"}
+    graph = {}
+    for path in MODULES:
+        targets = set()
+        for module, names in imports(path):
+            if module.split(".")[0] != "ignite_tbptt":
+                continue
+            submodules = {f"{module}.{n}" for n in names if is_module(f"{module}.{n}")}
+            # `from . import hidden` imports the module `hidden`; `from .executor import X`, the module `executor`.
+            targets |= submodules if submodules and len(submodules) == len(names) else {module}
+        graph[module_name(path)] = targets - {module_name(path)}
     done, visiting = set(), []
 
     def visit(module):
@@ -61,6 +136,30 @@ def test_no_import_cycle_inside_the_package():
 
     for module in graph:
         visit(module)
+
+
+def test_a_subpackage_is_one_layer_and_at_most_a_handful_of_modules_stay_at_the_root():
+    assert SUBPACKAGES == ["data", "engine", "examples", "handlers", "planning", "runtime"]
+    root = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert root == ["__init__", "checks", "metrics", "plot", "version"]
+
+
+def test_the_tests_mirror_the_package():
+    for name in SUBPACKAGES:
+        assert (ROOT / "tests" / name / "__init__.py").is_file(), f"tests/{name}/ is missing"
+    folders = {p.name for p in (ROOT / "tests").iterdir() if (p / "__init__.py").is_file()}
+    assert folders <= set(SUBPACKAGES), folders - set(SUBPACKAGES)
+
+
+def test_every_module_lists_its_public_names():
+    for path in MODULES:
+        if path.name == "version.py":
+            continue
+        tree = ast.parse(path.read_text())
+        listed = any(
+            isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets) for n in tree.body
+        )
+        assert listed or path.name == "__init__.py" and not tree.body[1:], f"{path.relative_to(PACKAGE)} has no __all__"
 
 
 def test_importing_the_package_does_not_import_matplotlib():

@@ -24,11 +24,11 @@ class LossSum:
         self.weights: list[int] = []  # 1 for a sum, the target count for a mean
         self.targets = 0
 
-    def add(self, loss: Any, targets: int, is_mean: bool = False) -> None:
-        """Add a segment's loss over ``targets`` targets (nothing if it has none)."""
+    def add(self, loss: Any, targets: int, mean: bool = False) -> None:
+        """Add a segment's loss over ``targets`` targets, their ``mean`` or their sum (nothing without targets)."""
         if targets:
             self.losses.append(loss)
-            self.weights.append(targets if is_mean else 1)
+            self.weights.append(targets if mean else 1)
             self.targets += targets
 
     @property

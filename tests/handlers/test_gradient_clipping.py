@@ -5,8 +5,8 @@ import torch
 
 from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
 
-from .helpers import assert_same_parameters, make_batches
-from .reference import Net, cross_entropy
+from ..helpers import assert_same_parameters, make_batches
+from ..reference import Net, cross_entropy
 
 
 def hand_written(model, batches, k1, accumulation, clip, epochs):

@@ -5,8 +5,8 @@ import torch
 
 from ignite_tbptt import GradientReach, TBPTTEvents, create_tbptt_trainer
 
-from .helpers import compare_with_reference, make_batches
-from .reference import Net, cross_entropy
+from ..helpers import compare_with_reference, make_batches
+from ..reference import Net, cross_entropy
 
 
 def recorded(model, k1, k2, batches, every=1, stride=None, **options):

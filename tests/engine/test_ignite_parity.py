@@ -16,8 +16,8 @@ from ignite.handlers import TerminateOnNan
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_evaluator, create_tbptt_trainer
 
-from .helpers import make_batches, sgd
-from .reference import Net, cross_entropy
+from ..helpers import make_batches, sgd
+from ..reference import Net, cross_entropy
 
 
 def both(k=2, net=lambda: Net(), time_dim=0, optimizer=sgd, dtype=torch.float64):

@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from ignite_tbptt import ARTBP, TBPTTEvents, create_tbptt_trainer
 
-from .reference import Net, zero_columns
+from ..reference import Net, zero_columns
 
 
 class ScaleGrad(torch.autograd.Function):
@@ -141,7 +141,7 @@ def test_the_mean_over_draws_is_the_full_bptt_gradient_and_fixed_windows_are_not
 
 
 def test_resuming_mid_stream_draws_what_the_uninterrupted_run_drew(tmp_path):
-    from .helpers import assert_resume_is_bit_identical
+    from ..helpers import assert_resume_is_bit_identical
 
     x, y = stream(length=44)
     batches = [(x[i : i + 11].float(), y[i : i + 11]) for i in range(0, 44, 11)]

@@ -12,8 +12,8 @@ from ignite.handlers import TerminateOnNan
 from benchmarks.overhead import counting_reads
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 
-from .helpers import make_batches
-from .reference import Net, cross_entropy
+from ..helpers import make_batches
+from ..reference import Net, cross_entropy
 
 
 def trainer_for(model, fused, k1=5, k2=5, **kwargs):

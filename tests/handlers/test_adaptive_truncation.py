@@ -18,8 +18,8 @@ from ignite_tbptt import (
     tbptt_training_step,
 )
 
-from .helpers import assert_resume_is_bit_identical, compare_with_reference, make_batches
-from .reference import Net, cross_entropy
+from ..helpers import assert_resume_is_bit_identical, compare_with_reference, make_batches
+from ..reference import Net, cross_entropy
 
 
 def sgd_trainer(model, k1=2, k2=None, **options):

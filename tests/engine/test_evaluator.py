@@ -6,8 +6,8 @@ from ignite.metrics import Loss
 
 from ignite_tbptt import BitsPerTarget, Perplexity, create_tbptt_evaluator
 
-from .helpers import make_batches
-from .reference import Net, cross_entropy
+from ..helpers import make_batches
+from ..reference import Net, cross_entropy
 
 
 @pytest.mark.parametrize("segment_length", [None, 5])

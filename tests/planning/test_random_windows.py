@@ -5,8 +5,8 @@ import torch
 
 from ignite_tbptt import RandomWindows, TBPTTEvents, create_tbptt_trainer
 
-from .helpers import assert_resume_is_bit_identical, compare_with_reference, make_batches, sgd
-from .reference import Net, cross_entropy
+from ..helpers import assert_resume_is_bit_identical, compare_with_reference, make_batches, sgd
+from ..reference import Net, cross_entropy
 
 
 def train_with_random_windows(k1, k2, accumulation, carry_hidden=True):

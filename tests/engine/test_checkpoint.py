@@ -7,9 +7,9 @@ from ignite.handlers import Checkpoint
 from ignite_tbptt import create_tbptt_trainer
 from ignite_tbptt.examples import char_lm
 
-from .helpers import assert_resume_is_bit_identical, make_batches
-from .reference import Net, cross_entropy
-from .test_char_lm import STREAM
+from ..examples.test_char_lm import STREAM
+from ..helpers import assert_resume_is_bit_identical, make_batches
+from ..reference import Net, cross_entropy
 
 DROPOUT = 0.3  # dropout makes the rebuilt history depend on replaying the random state
 

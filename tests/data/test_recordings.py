@@ -20,7 +20,7 @@ from ignite_tbptt import (
 )
 from ignite_tbptt.data import pack_recordings
 
-from .reference import Net
+from ..reference import Net
 
 
 def recordings(lengths, features=2, targets=3, seed=0):

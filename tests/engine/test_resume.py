@@ -7,8 +7,8 @@ from ignite.handlers import Checkpoint
 
 from ignite_tbptt import AdaptiveTruncation, RandomWindows, create_tbptt_trainer, load_checkpoint
 
-from .helpers import make_batches
-from .reference import Net, cross_entropy
+from ..helpers import make_batches
+from ..reference import Net, cross_entropy
 
 BATCHES = [(x.float(), y) for x, y in make_batches([7, 12, 5, 9, 11])]  # 44 steps, 5 batches per epoch
 SAVED = {"k1": 3, "k2": 7, "accumulation": 2}

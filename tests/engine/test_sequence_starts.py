@@ -10,8 +10,8 @@ from torch import nn
 
 from ignite_tbptt import create_tbptt_evaluator, create_tbptt_trainer, default_reset_hidden
 
-from .helpers import RecordingNet, assert_same_parameters, compare_with_reference, make_batches, sgd
-from .reference import Net, cross_entropy
+from ..helpers import RecordingNet, assert_same_parameters, compare_with_reference, make_batches, sgd
+from ..reference import Net, cross_entropy
 
 
 def with_starts(batches, *, density, time_dim=0, at=(), seed=1):

@@ -13,8 +13,8 @@ from torch import nn
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.engine.optimizer_step import OptimizerStep
 
-from .helpers import NoLength, RecordingNet, make_batches, sgd
-from .reference import Net, cross_entropy, spec_cut
+from ..helpers import NoLength, RecordingNet, make_batches, sgd
+from ..reference import Net, cross_entropy, spec_cut
 
 # -- bad input --------------------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from ignite_tbptt import Schedule
 from ignite_tbptt.planning import plan_segment
 
-from .reference import spec_cut
+from ..reference import spec_cut
 
 
 def spec_windows(k1, k2, length):

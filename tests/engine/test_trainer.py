@@ -8,7 +8,7 @@ from ignite.engine import Events
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 
-from .helpers import (
+from ..helpers import (
     NoLength,
     RecordingNet,
     assert_same_parameters,
@@ -17,7 +17,7 @@ from .helpers import (
     make_batches,
     sgd,
 )
-from .reference import DictNet, Net, cross_entropy
+from ..reference import DictNet, Net, cross_entropy
 
 K_PAIRS = [(4, 4), (3, 7), (4, 6), (2, 8), (1, 3), (5, 2), (6, 1)]
 

@@ -14,8 +14,8 @@ import ignite_tbptt
 from ignite_tbptt import create_tbptt_trainer
 from ignite_tbptt.runtime import weight_versions as versions
 
-from .helpers import make_batches
-from .reference import Net, cross_entropy
+from ..helpers import make_batches
+from ..reference import Net, cross_entropy
 
 pytestmark = pytest.mark.slow  # compiling takes seconds per segment length
 

@@ -18,8 +18,8 @@ from ignite_tbptt import (
     create_tbptt_trainer,
 )
 
-from .helpers import make_batches
-from .reference import Net, cross_entropy
+from ..helpers import make_batches
+from ..reference import Net, cross_entropy
 
 
 def train_with_logging(log_dir, x_axis="windows", scaler=False):

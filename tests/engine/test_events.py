@@ -5,8 +5,8 @@ from ignite.contrib.engines.tbptt import Tbptt_Events
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 
-from .helpers import make_batches, sgd
-from .reference import Net, cross_entropy
+from ..helpers import make_batches, sgd
+from ..reference import Net, cross_entropy
 
 
 def test_filters_counters_and_handlers_added_mid_run():

@@ -5,8 +5,8 @@ import torch
 import ignite_tbptt.engine.distributed
 from ignite_tbptt import create_tbptt_trainer
 
-from .helpers import assert_same_parameters, make_batches
-from .reference import Net, cross_entropy
+from ..helpers import assert_same_parameters, make_batches
+from ..reference import Net, cross_entropy
 
 pytestmark = pytest.mark.slow  # starts two gloo processes on local ports
 
