@@ -27,6 +27,9 @@ class Packing(ABC):
     (:meth:`pairs`) and what pads them (:meth:`padding`).
     """
 
+    #: The function that builds such a packing and what it packs, for the error when nothing is to be packed.
+    packer, pieces = "the packer", "pieces that take a step"
+
     def __init__(
         self,
         items: Iterable[Any],
@@ -83,7 +86,7 @@ class Packing(ABC):
             self._steps = [self.steps_of(item, i) for i, item in enumerate(self.items)]
         steps = [_aligned(n, self.align) for n in self._steps if n]
         if not steps:
-            return 0
+            raise self.nothing_to_pack()
         columns, total, longest = self.batch_size, sum(steps), max(steps)
         if self.shuffle and self.drop_last:
             return max(0, -(-(total - (columns - 1) * longest) // columns))
@@ -91,6 +94,13 @@ class Packing(ABC):
             return (total - longest) // columns + longest
         first_free, last_free = _column_ends(steps, columns)
         return first_free if self.drop_last else last_free
+
+    def nothing_to_pack(self) -> ValueError:
+        """The error for pieces of which none takes a step: an epoch of them would have no iteration."""
+        return ValueError(
+            f"{self.packer} got no {self.pieces}: an epoch would have no batch. Check that the data is not empty "
+            "(an exhausted generator, a filter that dropped everything)."
+        )
 
     def _order(self) -> Iterator[Any]:
         if not self.shuffle:
@@ -173,6 +183,8 @@ def _pack(
             placed[b].append((step, *pair))
             if first is None:  # every piece shares the first's trailing shapes and dtypes
                 first, padding = pair, packing.padding(pair[1])
+        if exhausted and first is None:
+            raise packing.nothing_to_pack()
         if exhausted and steps is None:
             steps = free.first_free if packing.drop_last else free.last_free
             end = min(end, steps)

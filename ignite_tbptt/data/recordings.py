@@ -48,7 +48,8 @@ def pack_recordings(
             that have no length or cannot be indexed. While iterating, if a recording is not a pair of tensors.
         ValueError: if ``batch_size``, ``length`` or ``align`` is not positive, or ``y_pad`` is a real class of
             integer targets (not negative). While iterating, if a recording's ``x`` and ``y`` differ in steps, or
-            its trailing shapes or dtypes differ from the first recording's.
+            its trailing shapes or dtypes differ from the first recording's, or if no recording has a step (from
+            ``len()`` too): an epoch would have no batch.
 
     Examples:
         >>> x1, y1 = torch.ones(3, 2), torch.tensor([[1.0], [0.0], [1.0]])  # 3 steps of 2 features, 1 target
@@ -87,6 +88,8 @@ class PackedRecordings(Packing):
                 "ignore_index (-100 by default), or leave y_pad out."
             )
         self.x_pad, self.y_pad, self.ignore_index = x_pad, y_pad, ignore_index
+
+    packer, pieces = "pack_recordings", "recording of at least one step"
 
     def steps_of(self, item: Any, index: int) -> int:
         """A recording's steps, ``T_i``."""

@@ -67,7 +67,7 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
         TypeError: if ``batch_size``, ``length`` or ``align`` is not an int, or ``shuffle`` is True for sequences
             that have no length or cannot be indexed. While iterating, if a sequence is not a tensor.
         ValueError: if ``batch_size``, ``length`` or ``align`` is not positive. While iterating, if a sequence is
-            not 1-D.
+            not 1-D, or if no sequence has two tokens (from ``len()`` too): an epoch would have no batch.
 
     Examples:
         >>> batches = pack_sequences([torch.arange(5), torch.arange(10, 13), torch.arange(20, 24)], 2, length=3)
@@ -112,6 +112,8 @@ class PackedSequences(Packing):
     def sequences(self) -> Iterable[torch.Tensor]:
         """The token sequences."""
         return self.items
+
+    packer, pieces = "pack_sequences", "sequence of at least two tokens"
 
     def steps_of(self, item: Any, index: int) -> int:
         """A sequence of ``n`` tokens gives ``n - 1`` steps (none if shorter than two tokens)."""

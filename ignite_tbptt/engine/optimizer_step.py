@@ -201,6 +201,8 @@ def _where(step: int, window: int, iteration: int) -> str:
 def _non_finite(where: str, later_skipped: bool = False) -> FloatingPointError:
     later = " and every later step of the iteration were" if later_skipped else " was"
     return FloatingPointError(
-        f"non-finite gradients at {where}; the step{later} not taken and the parameters are unchanged. Lower "
-        "the learning rate, clip gradients (GradientClipping), or pass scaler=True to skip such steps and go on."
+        f"non-finite gradients at {where}; the step{later} not taken and the parameters are unchanged. If the "
+        "batch's inputs or targets hold NaN or inf (padding read as data, a broken record), fix the data; if training "
+        "diverged, lower the learning rate, clip gradients (GradientClipping), or pass scaler=True to skip such "
+        "steps and go on."
     )

@@ -352,13 +352,15 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
 
 
 def new_run_dir(root: Path) -> Path:
-    """A directory under ``root`` that no run has used: ``char_lm-DATE-TIME``, with ``-2``, ``-3``... if taken."""
+    """A directory under ``root`` that no run has used: ``char_lm-DATE-TIME``, with ``-2``, ``-3``... if taken.
+
+    Only named here: the run creates it once it has started (a refused ``--resume`` leaves nothing behind).
+    """
     base = root / time.strftime("char_lm-%Y%m%d-%H%M%S")
     path, n = base, 1
     while path.exists():
         n += 1
         path = base.with_name(f"{base.name}-{n}")
-    path.mkdir(parents=True)
     return path
 
 
@@ -400,13 +402,17 @@ def main(argv: list[str] | None = None) -> dict:
         )
 
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
+    if args.resume:
+        try:  # a checkpoint of another configuration is refused before anything loads (ignite_tbptt.load_checkpoint)
+            Checkpoint.load_objects(to_save, load_checkpoint(args.resume, device))
+        except ValueError as error:
+            raise SystemExit(f"--resume {args.resume}: {error}") from None
+        say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
+    args.logdir.mkdir(parents=True, exist_ok=True)
     if args.checkpoint_every > 0:
         saver = DiskSaver(args.logdir / "checkpoints", require_empty=False)
         checkpoint = Checkpoint(to_save, saver, n_saved=2, global_step_transform=lambda e, _: e.state.iteration)
         trainer.add_event_handler(Events.ITERATION_COMPLETED(every=args.checkpoint_every), checkpoint)
-    if args.resume:
-        Checkpoint.load_objects(to_save, load_checkpoint(args.resume, device))
-        say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
 
     if args.adaptive:
         k2_min = args.k1 + 1  # the decay is measured between a window's start and its cut

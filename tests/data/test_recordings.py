@@ -139,3 +139,8 @@ def test_trainer_and_evaluator_take_the_exact_mean_over_real_targets():
     result = evaluator.run(pack_recordings(pieces, 3, 4)).metrics  # other columns and batches: the same mean
     assert result["nats"] == pytest.approx(reference.item(), rel=1e-12)
     assert result["bits"] == pytest.approx(reference.item() / math.log(2), rel=1e-12)
+
+
+def test_no_recording_to_pack_is_an_error():
+    with pytest.raises(ValueError, match="pack_recordings got no recording of at least one step"):
+        list(pack_recordings([], batch_size=2, length=4))

@@ -27,7 +27,8 @@ def unpack(batches, ignore_index=-100):
 
 
 packing = dict(
-    lengths=st.lists(st.integers(0, 30), max_size=12),
+    # At least one sequence of two tokens: with none there is nothing to pack, an error of its own (tested below).
+    lengths=st.lists(st.integers(0, 30), max_size=12).filter(lambda lengths: any(n >= 2 for n in lengths)),
     batch_size=st.integers(1, 4),
     length=st.integers(1, 9),
     shuffle=st.booleans(),
@@ -247,3 +248,13 @@ class TokenGRU(torch.nn.Module):
     def forward(self, x, hidden=None):
         out, hidden = self.rnn(self.embedding(x), hidden)
         return self.readout(out), hidden
+
+
+@pytest.mark.parametrize("sequences", [[], [torch.tensor([7])], iter([])], ids=["empty list", "one token", "iterator"])
+def test_nothing_to_pack_is_an_error_not_an_epoch_without_batches(sequences):
+    packed = pack_sequences(sequences, batch_size=2, length=4)
+    with pytest.raises(ValueError, match="pack_sequences got no sequence of at least two tokens"):
+        list(packed)
+    if isinstance(sequences, list):  # len() reads the lengths first, as ignite does when a run starts
+        with pytest.raises(ValueError, match="an epoch would have no batch"):
+            len(packed)

@@ -132,8 +132,9 @@ def test_without_a_scaler_non_finite_gradients_stop_training_before_the_step():
         TBPTTEvents.OPTIMIZER_STEP_COMPLETED,
         lambda e: last.update(model=copy.deepcopy(model), step=e.state.optimizer_step),
     )
-    with pytest.raises(FloatingPointError, match="non-finite gradients at optimizer step 4"):
+    with pytest.raises(FloatingPointError, match="non-finite gradients at optimizer step 4") as refused:
         trainer.run(batches)
+    assert "inputs or targets hold NaN or inf" in str(refused.value)  # here the batch's input is the cause
     assert last["step"] == 3  # windows 1-3 stepped; window 4 (steps 9-11) holds the NaN
     for p, q in zip(model.parameters(), last["model"].parameters()):
         assert torch.equal(p, q) and torch.isfinite(p).all()

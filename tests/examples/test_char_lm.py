@@ -72,6 +72,19 @@ def test_resume_from_a_mid_epoch_checkpoint_reproduces_the_uninterrupted_run(tmp
     assert resumed["valid_bpc"] == [full["valid_bpc"][-1]]  # exactly: the same parameters
 
 
+def test_a_refused_resume_says_why_in_one_line_and_leaves_no_run_directory(tmp_path, monkeypatch):
+    args = [*STREAM, "--k1", "10", "--k2", "25", "--epochs", "1", "--no-progress", "--checkpoint-every", "40"]
+    char_lm.main([*args, "--logdir", str(tmp_path / "first")])
+    checkpoint = tmp_path / "first" / "checkpoints" / "checkpoint_80.pt"  # mid-stream: k2 may not change there
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        char_lm.main([*STREAM, "--k1", "10", "--k2", "30", "--no-progress", "--resume", str(checkpoint)])
+    message = str(refused.value.code)
+    assert "\n" not in message and message.startswith(f"--resume {checkpoint}: ")
+    assert "windows: saved Schedule(k1=10, k2=25), given Schedule(k1=10, k2=30)" in message
+    assert not (tmp_path / "runs").exists()  # the refused run wrote nothing
+
+
 def test_documents_are_packed_with_a_reset_at_each_start(tmp_path, capsys):
     # Three files, each a document: a column resets its hidden state where the next one starts.
     paths = []
