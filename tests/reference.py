@@ -72,11 +72,14 @@ def reference_train(
     time_dim: int = 0,
     reset_hidden=zero_columns,
     windows=None,
+    initial_state=None,
 ) -> None:
     """Train ``model`` in place with brute-force TBPTT(k1, k2) on ``batches`` of ``(x, y)`` or ``(x, y, starts)``.
 
     ``windows``: the ``(start, end, cut)`` of every window, stream after stream, in place of SPEC.md's fixed
-    k1, k2 rule (for variable window sources).
+    k1, k2 rule (for variable window sources). ``initial_state(params, batch)``: the state a column starting a
+    sequence is reset to, computed from the parameters of the step where it starts (a learned initial state; the
+    model's forward uses it for a stream's start itself).
     """
     recorded = None if windows is None else iter(windows)
     names = [name for name, _ in model.named_parameters()]
@@ -88,12 +91,17 @@ def reference_train(
     def step_of(t, v):
         return t.narrow(time_dim, v, 1)
 
-    def entering(hidden, starts, v):
+    def entering(hidden, starts, v, params):
         """The hidden state step ``v`` runs from: ``hidden`` with the columns starting at ``v`` reset."""
         if hidden is None or starts is None:
             return hidden
         flags = starts[v] if time_dim == 0 else starts[:, v]
-        return reset_hidden(hidden, flags) if bool(flags.any()) else hidden
+        if not bool(flags.any()):
+            return hidden
+        if initial_state is None:
+            return reset_hidden(hidden, flags)
+        initial = initial_state(params, flags.shape[0])
+        return torch.where(flags[None, :, None] if hidden.dim() == 3 else flags[:, None], initial, hidden)
 
     batches = [(*batch, None) if len(batch) == 2 else tuple(batch) for batch in batches]
     for _ in range(epochs):
@@ -125,7 +133,7 @@ def reference_train(
             for t in range(length):
                 params_at.append({name: p.detach().clone() for name, p in model.named_parameters()})
                 with torch.no_grad():
-                    _, h = call(params_at[t], step_of(x, t), entering(hiddens[t], starts, t))
+                    _, h = call(params_at[t], step_of(x, t), entering(hiddens[t], starts, t, params_at[t]))
                 hiddens.append(h)
                 end = t + 1
                 if recorded is None:
@@ -147,7 +155,7 @@ def reference_train(
                     ]
                     h = hiddens[first]
                     for v, params in zip(range(first, u + 1), copies):
-                        y_pred, h = call(params, step_of(x, v), entering(h, starts, v))
+                        y_pred, h = call(params, step_of(x, v), entering(h, starts, v, params))
                     y_u = step_of(y, u)
                     loss = loss_fn(y_pred, y_u) * y_u.numel()
                     leaves = [params[name] for params in copies for name in names]

@@ -12,7 +12,7 @@ from ignite.metrics import Metric
 from ..checks import positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..data.batch import resets_by_step, split_batch
-from ..runtime import ModelCall, autocast_for, default_model_fn, default_reset_hidden, device_type_of
+from ..runtime import build_model_call, default_model_fn, default_reset_hidden
 from ..runtime import hidden as hs
 
 __all__ = ["create_tbptt_evaluator"]
@@ -32,6 +32,8 @@ def create_tbptt_evaluator(
     output_transform: Callable[[Any, Any, Any], Any] = lambda x, y, y_pred: (y_pred, y),
     autocast_dtype: torch.dtype | None = None,
     reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
+    module_state: Sequence[str] | None = None,
+    initial_state: Callable[[int], Any] | None = None,
 ) -> Engine:
     """Create an ignite evaluator for models called as ``y_pred, hidden = model(x, hidden)``.
 
@@ -57,6 +59,9 @@ def create_tbptt_evaluator(
             ``y_pred`` the batch's predictions joined along ``time_dim``.
         autocast_dtype: run the model under ``torch.autocast`` with this dtype.
         reset_hidden: ``reset_hidden(hidden, starts) -> hidden``, as in :func:`~ignite_tbptt.create_tbptt_trainer`.
+        module_state: the model's attributes that hold its hidden state, as in
+            :func:`~ignite_tbptt.create_tbptt_trainer`.
+        initial_state: ``initial_state(batch_size) -> hidden``, as in :func:`~ignite_tbptt.create_tbptt_trainer`.
 
     Returns:
         An ignite ``Engine``.
@@ -81,7 +86,16 @@ def create_tbptt_evaluator(
     if segment_length is not None:
         positive_int("segment_length", segment_length, "steps per model call")
     # The trainer's model call: the same reset at sequence starts, under the same autocast, with the same checks.
-    model_call = ModelCall(model, model_fn, autocast_for(device_type_of(model, device), autocast_dtype), reset_hidden)
+    model_call = build_model_call(
+        model,
+        model_fn,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        reset_hidden=reset_hidden,
+        module_state=module_state,
+        initial_state=initial_state,
+        time_dim=time_dim,
+    )
     stream: dict[str, Any] = {"hidden": None}
 
     def run_pieces(x: torch.Tensor, starts: Any) -> list[Any]:

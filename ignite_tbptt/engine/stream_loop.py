@@ -24,6 +24,7 @@ from ..runtime import (
     RetainedHistory,
     SegmentExecutor,
     StreamState,
+    check_attributes,
     check_resettable,
     default_reset_hidden,
     profiled,
@@ -119,6 +120,7 @@ class StreamLoop:
         self.recording = False  # the open window's gradient reach is recorded
         self.reach_stride: int | None = None  # and its segments end this often, for more points of its profile
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
+        self.attributes_checked = False  # the model's attributes were checked for graphs after a first window
 
     @property
     def history(self) -> RetainedHistory:
@@ -231,6 +233,9 @@ class StreamLoop:
         stream.following = source.window(end) if stream_continues else None
         next_cut = None if stream.following is None else stream.following.cut
         reach = self.executor.close_window(start, cut, next_cut, self.recording)
+        if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
+            self.attributes_checked = True
+            check_attributes(self.model, 1)
         profile = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scaler = self.optimizer_step.scaler

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ from ignite.engine import Engine
 from ..checks import callable_or_none, positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..planning import Schedule, WindowSource
-from ..runtime import ModelCall, autocast_for, default_model_fn, default_reset_hidden, device_type_of
+from ..runtime import build_model_call, default_model_fn, default_reset_hidden, device_type_of
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .optimizer_step import OptimizerStep
 from .process import TBPTTStep
@@ -40,6 +40,8 @@ def tbptt_training_step(
     target_count_fn: Callable[[Any, Any], int] | None = None,
     recompute: int | None = None,
     reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
+    module_state: Sequence[str] | None = None,
+    initial_state: Callable[[int], Any] | None = None,
 ) -> TBPTTStep:
     """Factory of the TBPTT(k1, k2) process function; :func:`create_tbptt_trainer` documents the arguments.
 
@@ -66,28 +68,27 @@ def tbptt_training_step(
     """
     _check_model(model, optimizer, loss_fn)
     source = _source(k1, k2)
-    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
-        raise TypeError(f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *)), got {time_dim!r}.")
+    _check_options(time_dim, autocast_dtype, prepare_batch, model_fn, output_transform, target_count_fn, reset_hidden)
     accumulation = positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
     if recompute is not None:
         recompute = positive_int("recompute", recompute, "steps per rebuilt segment")
-    for name, fn in (
-        ("prepare_batch", prepare_batch),
-        ("model_fn", model_fn),
-        ("output_transform", output_transform),
-        ("target_count_fn", target_count_fn),
-        ("reset_hidden", reset_hidden),
-    ):
-        callable_or_none(name, fn)
-    if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
-        raise TypeError(f"autocast_dtype must be a torch.dtype such as torch.bfloat16, got {autocast_dtype!r}.")
     device_type = device_type_of(model, device)
     optimizer_step = OptimizerStep(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation)
+    model_call = build_model_call(
+        model,
+        model_fn,
+        device=device,
+        autocast_dtype=autocast_dtype,
+        reset_hidden=reset_hidden,
+        module_state=module_state,
+        initial_state=initial_state,
+        time_dim=time_dim,
+    )
     return TBPTTStep(
         model,
         loss_fn,
         source,
-        model_call=ModelCall(model, model_fn, autocast_for(device_type, autocast_dtype), reset_hidden),
+        model_call=model_call,
         optimizer_step=optimizer_step,
         time_dim=time_dim,
         carry_hidden=bool(carry_hidden),
@@ -109,6 +110,29 @@ def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
             raise ValueError("k2 belongs to the window source passed as k1: pass it there, e.g. RandomWindows(k1, k2).")
         return k1
     return Schedule(positive_int("k1", k1), k1 if k2 is None else positive_int("k2", k2))
+
+
+def _check_options(
+    time_dim: Any,
+    autocast_dtype: Any,
+    prepare_batch: Any,
+    model_fn: Any,
+    output_transform: Any,
+    target_count_fn: Any,
+    reset_hidden: Any,
+) -> None:
+    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+        raise TypeError(f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *)), got {time_dim!r}.")
+    for name, fn in (
+        ("prepare_batch", prepare_batch),
+        ("model_fn", model_fn),
+        ("output_transform", output_transform),
+        ("target_count_fn", target_count_fn),
+        ("reset_hidden", reset_hidden),
+    ):
+        callable_or_none(name, fn)
+    if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
+        raise TypeError(f"autocast_dtype must be a torch.dtype such as torch.bfloat16, got {autocast_dtype!r}.")
 
 
 def _check_model(model: Any, optimizer: Any, loss_fn: Any) -> None:
@@ -166,6 +190,8 @@ def create_tbptt_trainer(
     target_count_fn: Callable[[Any, Any], int] | None = None,
     recompute: int | None = None,
     reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
+    module_state: Sequence[str] | None = None,
+    initial_state: Callable[[int], Any] | None = None,
     deterministic: bool = False,
 ) -> Engine:
     """Create an ignite trainer that runs truncated backpropagation through time, TBPTT(k1, k2).
@@ -245,6 +271,16 @@ def create_tbptt_trainer(
             to their old values (e.g. ``masked_fill``, or ``torch.where``). The default,
             :func:`~ignite_tbptt.default_reset_hidden`, zeroes dimension 1 of 3-D tensors (``nn.RNN``,
             ``nn.GRU``, ``nn.LSTM`` states) and dimension 0 of 2-D ones (cells' ``(B, H)`` states).
+        module_state: paths from ``model`` of the attributes where the model keeps its hidden state, e.g.
+            ``["lif1.mem", "lif2.mem"]`` for snnTorch neurons built with ``init_hidden=True``: the trainer writes the
+            state into them before each model call and reads it back after, and carries, cuts, resets and saves it
+            as a returned state (:mod:`ignite_tbptt.runtime.module_state`). The model is then called as
+            ``y_pred = model(x)`` (or through ``model_fn``, which returns ``(y_pred, returned_hidden_or_None)``).
+        initial_state: ``initial_state(batch_size) -> hidden``, the state at a stream's start and, per column, at
+            every sequence start, in place of the model's own (``model(x)``) and of ``reset_hidden``'s zeros. A
+            module with parameters (a learned initial state, a Recurrent Memory Transformer's initial memory) gets
+            the gradient of every window whose backward pass reaches such a start, computed with its values at
+            that step (SPEC.md, "Learned initial state"); put it in the optimizer.
         deterministic: use ignite's ``DeterministicEngine``.
 
     Returns:
@@ -281,9 +317,11 @@ def create_tbptt_trainer(
     Raises:
         TypeError: if ``model``, ``optimizer``, ``scaler``, ``autocast_dtype`` or a callable argument has the wrong
             type, ``k1``, ``k2``, ``time_dim`` or ``gradient_accumulation_steps`` is not an int, or ``k1`` is an
-            :class:`~ignite_tbptt.AdaptiveTruncation` (a handler, to attach to the trainer). During a run,
-            if ``prepare_batch`` does not return tensors, ``model_fn`` does not return ``(y_pred, hidden)``, or
-            ``loss_fn`` does not return a tensor.
+            :class:`~ignite_tbptt.AdaptiveTruncation` (a handler, to attach to the trainer), ``module_state`` is not a
+            list of attribute paths or ``initial_state`` is not callable. During a run,
+            if ``prepare_batch`` does not return tensors, ``model_fn`` does not return ``(y_pred, hidden)``,
+            ``loss_fn`` does not return a tensor, or the first hidden state of a stream holds an object the trainer
+            cannot see into (naming its path and type; dataclasses and namedtuples are seen into).
         ValueError: if ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` is not positive, or
             ``optimizer`` holds none of ``model``'s parameters. During a run, if ``time_dim`` is out of range,
             ``x`` and ``y`` differ in length along it, a batch is empty, ``starts`` has the wrong shape (a
@@ -293,7 +331,13 @@ def create_tbptt_trainer(
             batch has another number of parallel streams than the epoch's first.
             Batch errors are raised before the batch changes anything. From ``trainer.load_state_dict`` (ignite's
             ``Checkpoint.load_objects``), before anything loads, if the checkpoint was made with another
-            configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`).
+            configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
+            naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own.
+        StateWrittenInPlace: (a ``RuntimeError``) during a run, if a model call wrote in place into the hidden
+            state it was given, naming the tensor's path in the state, its shape, the segment and its window, before
+            autograd's own error (:mod:`ignite_tbptt.runtime.in_place`).
+        RuntimeError: after the first window, if the model keeps tensors with a graph in its attributes that
+            ``module_state`` does not name (hidden state the trainer would neither cut nor reset nor save).
         FloatingPointError: without a ``scaler``, after an optimizer step whose gradients hold inf or NaN. The
             step is not taken, so the parameters keep their last finite values; no further window of the batch
             runs and the iteration's output is ``float("nan")``, so that ignite's ``TerminateOnNan`` ends the run
@@ -348,6 +392,8 @@ def create_tbptt_trainer(
         target_count_fn=target_count_fn,
         recompute=recompute,
         reset_hidden=reset_hidden,
+        module_state=module_state,
+        initial_state=initial_state,
     )
     engine = DeterministicTBPTTEngine(step) if deterministic else TBPTTEngine(step)
     if step.scaler is not None:

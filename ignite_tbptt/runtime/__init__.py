@@ -6,17 +6,20 @@ the model call (:class:`ModelCall`), the segment's loss paid at once or owed to 
 ``state_dict`` (:class:`StreamState`), the weights retained graphs need across optimizer steps
 (:class:`ParameterVersions`), hidden states as trees of tensors and their per-column reset, the replay of a
 segment's random state for recomputation, the gradients' division and inf/NaN check at an optimizer step, and
-what ``torch.compile`` needs. Modules here import torch, :mod:`ignite_tbptt.planning` and each other, never
+what ``torch.compile`` needs, state kept in module attributes, and the refusal of a model that writes into
+the state it was given. Modules here import torch, :mod:`ignite_tbptt.planning` and each other, never
 ignite. A new kind of hidden state (how it is flattened, detached, reset) goes here.
 """
 
 from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
 from .executor import SegmentExecutor, SegmentResult
 from .gradients import divide_and_check, skips_on_device
+from .in_place import StateWrittenInPlace
 from .loss_sum import LossSum
-from .model_call import ModelCall, autocast_for, default_model_fn, device_type_of
+from .model_call import ModelCall, autocast_for, build_model_call, default_model_fn, device_type_of
+from .module_state import ModuleState, attributes_with_graph, check_attributes
 from .profiling import profiled
-from .reset import check_resettable, default_reset_hidden
+from .reset import check_resettable, default_reset_hidden, reset_to
 from .stream import StreamState
 from .weight_versions import ParameterVersions, WeightVersion
 
@@ -31,11 +34,17 @@ __all__ = [
     "ParameterVersions",
     "WeightVersion",
     "ModelCall",
+    "build_model_call",
     "default_model_fn",
     "autocast_for",
     "device_type_of",
     "default_reset_hidden",
     "check_resettable",
+    "reset_to",
+    "ModuleState",
+    "attributes_with_graph",
+    "check_attributes",
+    "StateWrittenInPlace",
     "LossSum",
     "divide_and_check",
     "skips_on_device",

@@ -19,6 +19,7 @@ from ..planning import SegmentPlan
 from . import hidden as hs
 from . import rng
 from .backward_sweep import Replay, RetainedHistory, Segment
+from .in_place import StateWrittenInPlace
 from .model_call import ModelCall
 from .profiling import NO_CONTEXT, profiled
 from .reset import check_resettable
@@ -87,6 +88,8 @@ class SegmentExecutor:
         Raises:
             TypeError: if ``loss_fn`` returns something other than a tensor.
             ValueError: if it returns a tensor of more than 0 dimensions, or one without a graph.
+            StateWrittenInPlace: if the model wrote into the hidden state it was given, naming the leaf, the segment
+                and its window.
         """
         stream = self.stream
         hidden, versions = stream.hidden, stream.history.versions
@@ -95,8 +98,13 @@ class SegmentExecutor:
         if not plan.backward_now:
             version = versions.current if versions is not None else None
             replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
-        with torch.no_grad() if plan.recompute else NO_CONTEXT, profiled("tbptt.forward"):
-            y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
+        try:
+            with torch.no_grad() if plan.recompute else NO_CONTEXT, profiled("tbptt.forward"):
+                y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
+        except StateWrittenInPlace as error:
+            window = stream.window
+            where = f"the segment [{plan.start}, {plan.end}) of the window [{window.start}, {window.end})"
+            raise error.locate(where) from error.__cause__
         if self.check_columns is not None:  # before the first reset uses it, and before any backward
             check_resettable(hidden_out, self.check_columns)
             self.check_columns = None

@@ -1,22 +1,70 @@
-"""Hidden states and predictions as trees (tuples, lists, dicts, namedtuples) of tensors, via ``torch.utils._pytree``.
+"""Hidden states and predictions as trees of tensors, via ``torch.utils._pytree``.
 
-A segment's input hidden state is a fresh leaf, detached from the segment before it, so that each
-segment's graph ends at its own boundary; the backward sweep carries gradients across boundaries by hand.
+A state may be a tensor or any nesting of tuples, lists, dicts, namedtuples and dataclasses of tensors (leaves that
+are not floating point, counters or masks, are carried but never differentiated). A segment's input hidden state
+is a fresh leaf, detached from the segment before it, so that each segment's graph ends at its own boundary; the
+backward sweep carries gradients across boundaries by hand.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-__all__ = ["flatten", "unflatten", "as_leaves", "detached", "signature", "interchangeable", "cat"]
+__all__ = [
+    "flatten",
+    "tensors",
+    "unflatten",
+    "as_leaves",
+    "detached",
+    "signature",
+    "interchangeable",
+    "cat",
+    "check_visible",
+]
+
+# Leaves the trainer carries as they are: no tensor inside to detach, reset or save.
+_PLAIN_LEAVES = (type(None), bool, int, float, complex, str, torch.dtype, torch.device)
 
 
 def flatten(tree: Any) -> list[torch.Tensor]:
     """Tensors of ``tree`` in a fixed traversal order (the order ``unflatten`` fills them back)."""
     return [t for t in pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def tensors(tree: Any) -> tuple[torch.Tensor, ...] | list[torch.Tensor]:
+    """:func:`flatten`, with the shortest path for a tensor or a tuple of tensors (once per model call)."""
+    if tree is None:
+        return ()
+    plain = _plain(tree)
+    return plain if plain is not None else flatten(tree)
+
+
+def check_visible(tree: Any) -> None:
+    """Check that the trainer sees every tensor of the state ``tree``; dataclasses become tree nodes on first sight.
+
+    Raises:
+        TypeError: naming the path and type of a leaf that is neither a tensor nor a plain value (an object the
+            trainer could not detach at a cut, reset at a sequence start or save in a checkpoint).
+    """
+    if _plain(tree) is not None:
+        return
+    for path, leaf in pytree.tree_flatten_with_path(tree)[0]:
+        if isinstance(leaf, (torch.Tensor, *_PLAIN_LEAVES)):
+            continue
+        if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type):
+            pytree.register_dataclass(type(leaf))
+            return check_visible(tree)  # its fields are seen now
+        raise TypeError(
+            f"the hidden state holds a {type(leaf).__module__}.{type(leaf).__qualname__} at "
+            f"state{pytree.keystr(path)}, which the trainer cannot see into: it could not detach it at a cut, reset "
+            "it at a sequence start or save it in a checkpoint. Return the state as tensors in tuples, lists, dicts, "
+            "namedtuples or dataclasses, or register the class with torch.utils._pytree.register_pytree_node "
+            "(docs/howto/stateful-models.md)."
+        )
 
 
 def unflatten(tree: Any, tensors: list[torch.Tensor]) -> Any:

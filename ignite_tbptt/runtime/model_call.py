@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -10,10 +10,12 @@ import torch
 
 from . import hidden as hs
 from .compiled import retainable
-from .reset import default_reset_hidden
+from .in_place import find_write, mentions_in_place, written_leaf
+from .module_state import ModuleState
+from .reset import default_reset_hidden, reset_to
 from .weight_versions import ParameterVersions
 
-__all__ = ["ModelCall", "default_model_fn", "autocast_for", "device_type_of"]
+__all__ = ["ModelCall", "build_model_call", "default_model_fn", "autocast_for", "device_type_of"]
 
 # Reentrant and stateless: one instance serves every model call that needs no context, without an allocation.
 _NO_CONTEXT = nullcontext()
@@ -44,7 +46,7 @@ def autocast_for(device_type: str, dtype: torch.dtype | None) -> Callable[[], Ab
 
 
 class ModelCall:
-    """Runs ``model_fn(model, x, hidden)`` for the trainer and checks that it returned ``(y_pred, hidden)``.
+    """Runs ``model_fn(model, x, hidden)`` for the trainer and checks what it did with the hidden state.
 
     Args:
         model: the model.
@@ -52,6 +54,10 @@ class ModelCall:
         autocast: a factory of the autocast context the model and the loss run under.
         reset_hidden: ``reset_hidden(hidden, starts) -> hidden``, applied to the input hidden state of a call
             that starts new sequences in some columns (:mod:`ignite_tbptt.data.batch`).
+        initial_state: ``initial_state(batch_size) -> hidden``, the state at a stream's start and, per column, at
+            every sequence start (a learned one: its parameters get the gradient of the windows that reach it), or
+            ``None`` for the model's own (``model(x)`` at a stream's start, ``reset_hidden`` at sequence starts).
+        batch_dim: the batch dimension of ``x`` (1 for ``(T, B, *)``, 0 for ``(B, T, *)``).
     """
 
     def __init__(
@@ -60,8 +66,11 @@ class ModelCall:
         model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]],
         autocast: Callable[[], AbstractContextManager],
         reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
+        initial_state: Callable[[int], Any] | None = None,
+        batch_dim: int = 1,
     ) -> None:
         self.model, self.model_fn, self.autocast, self.reset_hidden = model, model_fn, autocast, reset_hidden
+        self.initial_state, self.batch_dim = initial_state, batch_dim
         self._plain = autocast() is _NO_CONTEXT  # no context to enter around a call without weight hooks
 
     def __call__(
@@ -84,23 +93,39 @@ class ModelCall:
                 the call's graph, so that the gradient reaching ``hidden`` is cut there.
 
         Raises:
-            TypeError: if ``model_fn`` does not return a pair.
+            TypeError: if ``model_fn`` does not return a pair, or returns a state holding an object the trainer
+                cannot see into.
             ValueError: if the hidden state changed structure or shape.
+            StateWrittenInPlace: if the model wrote into a tensor of ``hidden`` in place.
         """
-        reset = starts is not None and hidden is not None
-        if self._plain and versions is None:  # k2 <= k1 without autocast: no context to enter
-            output = self.model_fn(self.model, x, self.reset_hidden(hidden, starts) if reset else hidden)
-        else:
-            hooks = versions.hooks() if keep_weights else _NO_CONTEXT
-            with self.autocast(), hooks, retainable(versions is not None):
-                output = self.model_fn(self.model, x, self.reset_hidden(hidden, starts) if reset else hidden)
+        tensors = hs.tensors(hidden)
+        versions_before = [t._version for t in tensors]
+        try:
+            if self._plain and versions is None:  # k2 <= k1 without autocast: no context to enter
+                output = self._run(x, hidden, starts)
+            else:
+                hooks = versions.hooks() if keep_weights else _NO_CONTEXT
+                with self.autocast(), hooks, retainable(versions is not None):
+                    output = self._run(x, hidden, starts)
+        except RuntimeError as error:  # autograd stopped a write into a state tensor that requires grad
+            if tensors and mentions_in_place(error):
+                found = find_write(lambda state: self.model_fn(self.model, x, state), hidden)
+                if found is not None:
+                    raise found from error
+            raise
+        if tensors:
+            for t, version in zip(tensors, versions_before):
+                if t._version != version:
+                    raise written_leaf(hidden, tensors, versions_before)
         if not isinstance(output, (tuple, list)) or len(output) != 2:
             raise TypeError(
                 "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "
                 f"(output, (h, c)); got {type(output).__name__}. Wrap the model or pass model_fn to adapt it."
             )
         y_pred, hidden_out = output
-        if hidden is not None and not hs.interchangeable(hidden_out, hidden):
+        if hidden is None:  # once per stream: the state's structure is fixed from here on
+            hs.check_visible(hidden_out)
+        elif not hs.interchangeable(hidden_out, hidden):
             raise ValueError(
                 "the model returned its hidden state in another structure or shape than it was given: "
                 f"{hs.signature(hidden)} -> {hs.signature(hidden_out)}. The trainer feeds each segment's hidden "
@@ -108,3 +133,51 @@ class ModelCall:
                 "or reshapes its state, or a batch of another size in the same stream, breaks this)."
             )
         return y_pred, hidden_out
+
+    def _run(self, x: torch.Tensor, hidden: Any, starts: torch.Tensor | None) -> Any:
+        # The initial state is computed inside the call (and its graph), so that the windows reaching it
+        # backpropagate into its parameters, with the weights of this call.
+        if hidden is None:
+            if self.initial_state is not None:
+                hidden = self.initial_state(x.shape[self.batch_dim])
+        elif starts is not None:
+            if self.initial_state is None:
+                hidden = self.reset_hidden(hidden, starts)
+            else:
+                hidden = reset_to(hidden, starts, self.initial_state(starts.shape[0]))
+        return self.model_fn(self.model, x, hidden)
+
+
+def build_model_call(
+    model: torch.nn.Module,
+    model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]],
+    *,
+    device: str | torch.device | None,
+    autocast_dtype: torch.dtype | None,
+    reset_hidden: Callable[[Any, torch.Tensor], Any],
+    module_state: Sequence[str] | None,
+    initial_state: Callable[[int], Any] | None,
+    time_dim: int,
+) -> ModelCall:
+    """The model call of a trainer or an evaluator, from their arguments (documented there).
+
+    Raises:
+        TypeError: if ``module_state`` is not a list of paths or ``initial_state`` is not callable.
+        ValueError: if a path of ``module_state`` names no attribute, or both ``initial_state`` and a
+            ``reset_hidden`` of one's own are given (the initial state is what a reset restores).
+    """
+    if initial_state is not None:
+        if not callable(initial_state):
+            raise TypeError(
+                f"initial_state must be callable, initial_state(batch_size) -> hidden (a module holding the learned "
+                f"state, say), got {type(initial_state).__name__}."
+            )
+        if reset_hidden is not default_reset_hidden:
+            raise ValueError(
+                "pass initial_state or reset_hidden, not both: with initial_state, a column starting a sequence is "
+                "reset to its columns of initial_state(batch_size)."
+            )
+    if module_state is not None:
+        model_fn = ModuleState(model, module_state).wrap(None if model_fn is default_model_fn else model_fn)
+    autocast = autocast_for(device_type_of(model, device), autocast_dtype)
+    return ModelCall(model, model_fn, autocast, reset_hidden, initial_state, batch_dim=1 if time_dim == 0 else 0)

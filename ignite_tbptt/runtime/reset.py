@@ -9,7 +9,7 @@ from torch.utils import _pytree as pytree
 
 from . import hidden as hs
 
-__all__ = ["default_reset_hidden", "check_resettable"]
+__all__ = ["default_reset_hidden", "check_resettable", "reset_to"]
 
 
 def _batch_dim(t: torch.Tensor, batch: int) -> int:
@@ -66,3 +66,27 @@ def default_reset_hidden(hidden: Any, starts: torch.Tensor) -> Any:
         return t.masked_fill(starts.view(1, -1, 1) if dim == 1 else starts.view(-1, 1), 0)
 
     return pytree.tree_map_only(torch.Tensor, reset, hidden)
+
+
+def reset_to(hidden: Any, starts: torch.Tensor, initial: Any) -> Any:
+    """The hidden state with the starting columns replaced by ``initial``'s: the reset of a learned initial state.
+
+    ``torch.where`` passes the gradient of a starting column to ``initial`` (whose parameters learn from it) and none
+    to the column's old value. Tensors are matched in their batch dimension as :func:`default_reset_hidden`
+    matches them; ``initial`` has the structure and shapes of ``hidden``.
+
+    Args:
+        hidden: the hidden state, a tensor or a tree of tensors.
+        starts: bool tensor of shape ``(B,)``, True for the columns to reset.
+        initial: the initial state for ``B`` columns, the same tree as ``hidden``.
+
+    Raises:
+        ValueError: if a tensor of ``hidden`` has no batch dimension of ``B`` where the default reset looks.
+    """
+    batch = starts.shape[0]
+
+    def reset(t: torch.Tensor, init: torch.Tensor) -> torch.Tensor:
+        dim = _batch_dim(t, batch)
+        return torch.where(starts.view(1, -1, 1) if dim == 1 else starts.view(-1, 1), init.to(t.dtype), t)
+
+    return pytree.tree_map(reset, hidden, initial)

@@ -38,9 +38,14 @@ from .compiled import never_traced
 
 __all__ = ["WeightVersion", "ParameterVersions"]
 
-_MODIFIED = (
-    "a tensor saved for the retained backward history was modified in place (version {saved} -> {now}). "
+_MODIFIED_PARAMETER = (
+    "a parameter saved for the retained backward history was modified in place (version {saved} -> {now}). "
     "Do not change parameters in place between optimizer steps of a TBPTT trainer with k2 > k1, or use k2 <= k1."
+)
+_MODIFIED_ACTIVATION = (
+    "a tensor saved for the retained backward history, computed by the model or handed to it as its hidden state "
+    "(not a parameter), was modified in place (version {saved} -> {now}). A model must not write into tensors it "
+    "computed or was given (the state): return new ones (docs/howto/stateful-models.md)."
 )
 
 
@@ -79,11 +84,11 @@ class _SavedParameter:
         v, t = self.version, self.tensor
         if v.copies is None:
             if t._version != self.saved:
-                raise RuntimeError(_MODIFIED.format(saved=self.saved, now=t._version))
+                raise RuntimeError(_MODIFIED_PARAMETER.format(saved=self.saved, now=t._version))
             return t
         if self.frozen is None:  # a retained segment is unpacked once per window that reaches it
             if self.at_freeze != self.saved:
-                raise RuntimeError(_MODIFIED.format(saved=self.saved, now=self.at_freeze))
+                raise RuntimeError(_MODIFIED_PARAMETER.format(saved=self.saved, now=self.at_freeze))
             self.frozen = _view(v.copies[_key(t)], t)
         return self.frozen
 
@@ -152,6 +157,6 @@ def _unpack(saved: _SavedParameter | tuple[torch.Tensor, int]) -> torch.Tensor:
     if type(saved) is tuple:
         tensor, version = saved
         if tensor._version != version:
-            raise RuntimeError(_MODIFIED.format(saved=version, now=tensor._version))
+            raise RuntimeError(_MODIFIED_ACTIVATION.format(saved=version, now=tensor._version))
         return tensor
     return saved.unpack()

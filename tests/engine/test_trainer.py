@@ -302,7 +302,7 @@ def test_in_place_parameter_change_under_retained_history_raises_a_clear_error()
         with torch.no_grad():
             model.rnn.weight_hh_l0.mul_(0.5)  # on the path later windows backpropagate through
 
-    with pytest.raises(RuntimeError, match="modified in place"):
+    with pytest.raises(RuntimeError, match="a parameter saved for the retained backward history was modified in place"):
         trainer.run(make_batches([12]))
 
 

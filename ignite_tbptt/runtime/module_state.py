@@ -1,0 +1,131 @@
+"""Hidden state that a model keeps in its own attributes, carried by the trainer as if the model returned it.
+
+Spiking neurons (snnTorch's ``init_hidden=True`` keeps ``mem``, ``syn`` and ``spk`` on the neuron), Keras-style
+stateful layers and modules that write ``self.h`` keep their state in attributes, and their forward takes none.
+Told once where that state lives (``module_state=["lif1.mem", "lif2.mem"]``), the trainer writes the state it
+carries into those attributes before each model call and reads them back after it, as a tree ``{"modules":
+{path: tensor}, "returned": hidden}`` (``returned`` is whatever ``model_fn`` returns beside the predictions). From
+there every rule of SPEC.md applies as to a returned state ("State that is not a fresh returned tree"): carried
+across windows and batches, treated as a constant at each cut, reset per column at sequence starts, saved in
+checkpoints. After each call the attributes hold detached tensors, so that no graph hangs on the model between
+calls. A model that keeps a graph in an attribute the trainer was not told of is found after the first window
+(:func:`attributes_with_graph`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import hidden as hs
+
+__all__ = ["ModuleState", "attributes_with_graph", "check_attributes"]
+
+
+class ModuleState:
+    """Where a model keeps its hidden state: attributes given by their paths from the model, ``"lif1.mem"``.
+
+    Args:
+        model: the model.
+        paths: the attributes, each ``"submodule.path.attribute"`` from ``model`` (``"h"`` for ``model.h``).
+
+    Raises:
+        TypeError: if ``paths`` is not a sequence of strings.
+        ValueError: if a path names no submodule or no attribute.
+    """
+
+    def __init__(self, model: torch.nn.Module, paths: Sequence[str]) -> None:
+        if isinstance(paths, str) or not all(isinstance(p, str) for p in paths):
+            raise TypeError(f"module_state must be a list of attribute paths such as ['lif1.mem'], got {paths!r}.")
+        self.places: dict[str, tuple[torch.nn.Module, str]] = {}
+        for path in paths:
+            owner, _, name = path.rpartition(".")
+            try:
+                module = model.get_submodule(owner)
+            except AttributeError:
+                raise ValueError(f"module_state: the model has no submodule {owner!r} (in {path!r}).") from None
+            if not hasattr(module, name):
+                raise ValueError(
+                    f"module_state: {type(module).__name__} at {owner or 'the model'!r} has no attribute {name!r} "
+                    f"(in {path!r}); create it in the module's __init__ (its value at a stream's start)."
+                )
+            self.places[path] = (module, name)
+        # What a stream starts from: the attributes as the model was built (snnTorch: empty, filled on first use).
+        self.initial = {path: _detached(getattr(m, name)) for path, (m, name) in self.places.items()}
+
+    def write(self, values: dict[str, Any] | None) -> None:
+        """Set the attributes to ``values``, or to their initial values at a stream's start (``None``)."""
+        values = self.initial if values is None else values
+        for path, (module, name) in self.places.items():
+            value = values[path]
+            # A stream starts from a copy, so that a model writing into its state leaves the initial value intact.
+            setattr(module, name, _cloned(value) if values is self.initial else value)
+
+    def read(self) -> dict[str, Any]:
+        """The attributes' values, ``{path: value}``."""
+        return {path: getattr(module, name) for path, (module, name) in self.places.items()}
+
+    def wrap(self, model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] | None) -> Callable:
+        """A ``model_fn`` that carries the attributes in the state, around ``model_fn`` (default: ``model(x)``).
+
+        The wrapped ``model_fn(model, x, hidden)`` returns ``(y_pred, hidden)`` where ``hidden`` is the model's own
+        returned state, or ``None`` for a model that keeps all of it in attributes.
+        """
+        inner = model_fn if model_fn is not None else _predictions_only
+
+        def call(model: torch.nn.Module, x: Any, hidden: Any) -> tuple[Any, dict[str, Any]]:
+            self.write(None if hidden is None else hidden["modules"])
+            y_pred, returned = inner(model, x, None if hidden is None else hidden["returned"])
+            state = {"modules": self.read(), "returned": returned}
+            self.write({path: _detached(value) for path, value in state["modules"].items()})
+            return y_pred, state
+
+        return call
+
+
+def _cloned(value: Any) -> Any:
+    return pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, value)
+
+
+def _predictions_only(model: torch.nn.Module, x: Any, hidden: Any) -> tuple[Any, None]:
+    # A model whose state lives in its attributes: forward(x) returns the predictions alone.
+    return model(x), None
+
+
+def _detached(value: Any) -> Any:
+    return hs.detached(value)  # a tensor, or a tree of them (an LSTM's (h, c) kept in one attribute)
+
+
+def attributes_with_graph(model: torch.nn.Module, known: Sequence[str] = ()) -> list[str]:
+    """Paths of the tensors held in ``model``'s attributes (buffers too, not parameters) that carry a graph.
+
+    Such a tensor is hidden state the trainer does not see (it would be neither cut nor reset nor saved), or a
+    tensor the model kept by mistake; ``known`` paths are left out.
+    """
+    found = []
+    for prefix, module in model.named_modules():
+        for name, value in {**vars(module), **module._buffers}.items():
+            path = f"{prefix}.{name}" if prefix else name
+            if torch.is_tensor(value) and value.grad_fn is not None and path not in known:
+                found.append(path)
+    return found
+
+
+def check_attributes(model: torch.nn.Module, window: int) -> None:
+    """Refuse a model that keeps a graph in an attribute after ``window``'s backward pass.
+
+    Raises:
+        RuntimeError: naming the attributes, with the fix: tell the trainer (``module_state``), or detach them.
+    """
+    found = attributes_with_graph(model)
+    if found:
+        raise RuntimeError(
+            f"after window {window} the model still holds tensors with a graph in {', '.join(found)}. If they are its "
+            "hidden state, the trainer does not see it: it would neither cut it at a window's cut, nor reset it at a "
+            f"sequence start, nor save it, and the graph would grow across windows. Pass module_state={found!r} to "
+            "the trainer (and the evaluator); if they are not state, store them detached "
+            "(docs/howto/stateful-models.md)."
+        )

@@ -1,0 +1,324 @@
+"""Models that keep their state other than as a fresh returned tree (SPEC.md, "State that is not a fresh returned
+tree"): in module attributes, in dataclasses, learned at the stream's start; and models that write into their state.
+
+Each exactness test trains against the brute-force reference of ``tests/reference.py`` (float64, k2 > k1, sequence
+starts, accumulation), which knows nothing of how the trainer carries the state.
+"""
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from ignite.engine import Events
+from torch import nn
+
+from ignite_tbptt import create_tbptt_evaluator, create_tbptt_trainer
+from ignite_tbptt.runtime import StateWrittenInPlace
+
+from ..helpers import assert_resume_is_bit_identical, assert_same_parameters, assert_trained, make_batches, sgd
+from ..reference import Net, cross_entropy, reference_train
+from .test_sequence_starts import with_starts
+
+PAIRS = [(3, 7), (4, 4), (5, 2)]
+
+
+def train_both(trainer_model, reference_model, k1, k2, batches, accumulation=2, reference_options=None, **options):
+    """Train ``trainer_model`` with the trainer and ``reference_model`` by brute force; returns the trainer."""
+    initial = copy.deepcopy(reference_model)
+    trainer = create_tbptt_trainer(
+        trainer_model,
+        sgd(trainer_model),
+        cross_entropy,
+        k1,
+        k2,
+        carry_hidden=True,
+        gradient_accumulation_steps=accumulation,
+        **options,
+    )
+    trainer.run(batches, max_epochs=2)
+    reference_train(
+        reference_model,
+        sgd(reference_model),
+        cross_entropy,
+        batches,
+        k1,
+        k2,
+        carry_hidden=True,
+        accumulation=accumulation,
+        epochs=2,
+        **(reference_options or {}),
+    )
+    assert_trained(reference_model, initial)
+    assert_same_parameters(trainer_model, reference_model)
+    return trainer
+
+
+# -- state held in module attributes ---------------------------------------------------------------------------
+class AttributeNet(Net):
+    """:class:`Net` keeping its LSTM state in ``self.state``, as stateful layers do; ``forward(x)`` returns y only."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.state = None
+
+    def forward(self, x):
+        y, self.state = super().forward(x, self.state)
+        return y
+
+
+@pytest.mark.parametrize("k1,k2", PAIRS, ids=[f"k1={a}-k2={b}" for a, b in PAIRS])
+def test_state_held_in_module_attributes_trains_as_the_returned_state_does(k1, k2):
+    torch.manual_seed(0)
+    model = AttributeNet().double()
+    reference = Net().double()
+    reference.load_state_dict(model.state_dict())
+    batches = with_starts(make_batches([7, 12, 5]), density=0.15, at=(9,))
+    train_both(model, reference, k1, k2, batches, module_state=["state"])
+    assert isinstance(model.state[0], torch.Tensor) and model.state[0].grad_fn is None  # no graph left on the model
+
+
+def test_module_state_is_saved_and_resumed_with_the_stream(tmp_path):
+    batches = with_starts([(x.float(), y) for x, y in make_batches([7, 12, 5, 9, 11])], density=0.1)
+
+    def build():
+        torch.manual_seed(0)
+        model = AttributeNet(n_hidden=8)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+        trainer = create_tbptt_trainer(
+            model, optimizer, cross_entropy, 3, 7, carry_hidden=True, deterministic=True, module_state=["state"]
+        )
+        return model, optimizer, trainer
+
+    assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=7, epochs=2)
+
+
+def test_the_evaluator_carries_module_state_as_the_trainer_does():
+    torch.manual_seed(0)
+    model = AttributeNet().double()
+    reference = Net().double()
+    reference.load_state_dict(model.state_dict())
+    batches = make_batches([6, 4])
+    got = create_tbptt_evaluator(model, carry_hidden=True, module_state=["state"])
+    want = create_tbptt_evaluator(reference, carry_hidden=True)
+    outputs = {}
+    got.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.setdefault("got", []).append(e.state.output[0]))
+    want.add_event_handler(
+        Events.ITERATION_COMPLETED, lambda e: outputs.setdefault("want", []).append(e.state.output[0])
+    )
+    got.run(batches)
+    want.run(batches)
+    for a, b in zip(outputs["got"], outputs["want"], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+class LeakyAttributeNet(Net):
+    """Keeps a membrane in ``self.mem`` (as snnTorch's ``init_hidden=True``) without telling the trainer."""
+
+    def __init__(self):
+        super().__init__()
+        self.mem = torch.zeros(0)
+
+    def forward(self, x, hidden=None):
+        y, hidden = super().forward(x, hidden)
+        self.mem = y.mean(0) if self.mem.numel() == 0 else 0.9 * self.mem + y.mean(0)
+        return y + self.mem, hidden
+
+
+def test_a_graph_left_in_an_attribute_is_reported_after_the_first_window():
+    torch.manual_seed(0)
+    model = LeakyAttributeNet().double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, 5, 10, carry_hidden=True)
+    with pytest.raises(RuntimeError, match=r"after window 1 the model still holds tensors with a graph in mem\.") as e:
+        trainer.run(make_batches([12]))
+    assert "module_state=['mem']" in str(e.value)
+
+
+def test_a_module_state_path_that_names_nothing_is_refused_when_the_trainer_is_built():
+    model = AttributeNet()
+    with pytest.raises(ValueError, match="has no attribute 'membrane'"):
+        create_tbptt_trainer(model, sgd(model), cross_entropy, 3, module_state=["membrane"])
+    with pytest.raises(ValueError, match="no submodule 'lif'"):
+        create_tbptt_trainer(model, sgd(model), cross_entropy, 3, module_state=["lif.mem"])
+    with pytest.raises(TypeError, match="list of attribute paths"):
+        create_tbptt_trainer(model, sgd(model), cross_entropy, 3, module_state="state")
+
+
+# -- states that are objects ------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class LSTMState:
+    h: torch.Tensor
+    c: torch.Tensor
+
+
+class DataclassNet(Net):
+    """:class:`Net` whose state travels as a dataclass."""
+
+    def forward(self, x, state=None):
+        y, (h, c) = super().forward(x, None if state is None else (state.h, state.c))
+        return y, LSTMState(h, c)
+
+
+@pytest.mark.parametrize("k1,k2", [(5, 5), (5, 10)])
+def test_a_dataclass_state_trains_as_a_tuple(k1, k2):
+    torch.manual_seed(0)
+    model = DataclassNet().double()
+    reference = Net().double()
+    reference.load_state_dict(model.state_dict())
+    batches = with_starts(make_batches([7, 12, 5]), density=0.15)
+    train_both(model, reference, k1, k2, batches)
+
+
+class Opaque:
+    def __init__(self, h):
+        self.h = h
+
+
+class OpaqueStateNet(Net):
+    def forward(self, x, state=None):
+        y, hidden = super().forward(x, None if state is None else state[1].h)
+        return y, (0, Opaque(hidden))
+
+
+def test_a_state_holding_an_object_the_trainer_cannot_see_into_is_named_at_the_first_call():
+    torch.manual_seed(0)
+    model = OpaqueStateNet("gru").double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, 5, 10, carry_hidden=True)
+    before = copy.deepcopy(model)
+    with pytest.raises(TypeError, match=r"holds a .*Opaque at state\[1\], which the trainer cannot see into"):
+        trainer.run(make_batches([12]))
+    assert_same_parameters(model, before, atol=0)  # refused before any step
+
+
+# -- a learned initial state ------------------------------------------------------------------------------------
+class LearnedStart(nn.Module):
+    """A learned GRU state for every column: ``(layers, batch, hidden)`` from one ``(layers, 1, hidden)`` parameter."""
+
+    def __init__(self, hidden):
+        super().__init__()
+        self.h0 = nn.Parameter(torch.randn(1, 1, hidden) * 0.5)
+
+    def forward(self, batch):
+        return self.h0.expand(-1, batch, -1)
+
+
+class LearnedStartNet(Net):
+    """A GRU :class:`Net` whose stream starts from ``self.start``; ``forward(x)`` uses it itself (for the reference)."""
+
+    def __init__(self):
+        super().__init__("gru")
+        self.start = LearnedStart(5)
+
+    def forward(self, x, hidden=None):
+        return super().forward(x, self.start(x.shape[1]) if hidden is None else hidden)
+
+
+def reference_start(params, batch):
+    """The reference's reset target: the learned state from the parameters of the step where a sequence starts."""
+    return params["start.h0"].expand(-1, batch, -1)
+
+
+@pytest.mark.parametrize("k1,k2", PAIRS, ids=[f"k1={a}-k2={b}" for a, b in PAIRS])
+def test_a_learned_initial_state_gets_the_gradient_of_every_window_that_reaches_a_start(k1, k2):
+    torch.manual_seed(0)
+    model = LearnedStartNet().double()
+    reference = copy.deepcopy(model)
+    start = model.start.h0.detach().clone()
+    batches = with_starts(make_batches([7, 12, 5]), density=0.1, at=(4, 13))
+    train_both(
+        model,
+        reference,
+        k1,
+        k2,
+        batches,
+        initial_state=model.start,
+        reference_options={"initial_state": reference_start},
+    )
+    assert (model.start.h0 - start).abs().max() > 1e-3  # it learned
+
+
+def test_a_learned_initial_state_is_saved_and_resumed_with_the_model(tmp_path):
+    batches = with_starts([(x.float(), y) for x, y in make_batches([7, 12, 5, 9, 11])], density=0.1)
+
+    def build():
+        torch.manual_seed(0)
+        model = LearnedStartNet()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+        trainer = create_tbptt_trainer(
+            model, optimizer, cross_entropy, 3, 7, carry_hidden=True, deterministic=True, initial_state=model.start
+        )
+        return model, optimizer, trainer
+
+    assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=7, epochs=2)
+
+
+def test_initial_state_and_a_reset_of_ones_own_are_not_given_together():
+    model = LearnedStartNet()
+    with pytest.raises(ValueError, match="initial_state or reset_hidden, not both"):
+        create_tbptt_trainer(
+            model, sgd(model), cross_entropy, 3, initial_state=model.start, reset_hidden=lambda h, s: h
+        )
+    with pytest.raises(TypeError, match="initial_state must be callable"):
+        create_tbptt_trainer(model, sgd(model), cross_entropy, 3, initial_state=torch.zeros(1))
+
+
+# -- models that write into their state --------------------------------------------------------------------------
+class WritesIntoState(nn.Module):
+    """An Elman RNN that copies its new state into the one it was given, as xLSTMLarge and HF caches do."""
+
+    def __init__(self, write):
+        super().__init__()
+        self.write, self.cell, self.head = write, nn.RNNCell(3, 5), nn.Linear(5, 4)
+
+    def forward(self, x, state=None):
+        given = state
+        h = torch.zeros(x.shape[1], 5, dtype=x.dtype) if state is None else state[1]
+        outputs = []
+        for x_t in x:
+            h = self.cell(x_t, h)
+            outputs.append(self.head(h))
+        if given is None:
+            return torch.stack(outputs), (torch.zeros(1, dtype=torch.long), h)
+        if self.write == "copy":
+            given[1].copy_(h)
+        else:  # a slice assignment
+            given[1][:, :3] = h[:, :3]
+        return torch.stack(outputs), given
+
+
+@pytest.mark.parametrize("write", ["copy", "slice"])
+@pytest.mark.parametrize("k1,k2", [(4, 4), (4, 8)])
+def test_a_model_writing_into_its_state_is_named_before_autograd_complains(write, k1, k2):
+    torch.manual_seed(0)
+    model = WritesIntoState(write).double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, k1, k2, carry_hidden=True)
+    with pytest.raises(StateWrittenInPlace) as refused:
+        trainer.run(make_batches([12]))
+    message = str(refused.value)
+    assert "wrote in place into state[1] of the hidden state it was given (shape (3, 5))" in message
+    assert "in the segment [4, 8) of the window [4, 8)" in message
+    assert "return new tensors" in message
+
+
+def functional(m, x, state):
+    """A ``model_fn`` that calls the model's parts and returns a fresh state: the fix the error points to."""
+    h = torch.zeros(x.shape[1], 5, dtype=x.dtype) if state is None else state
+    outputs = []
+    for x_t in x:
+        h = m.cell(x_t, h)
+        outputs.append(m.head(h))
+    return torch.stack(outputs), h
+
+
+class ReturnsFreshState(WritesIntoState):
+    def forward(self, x, state=None):
+        return functional(self, x, state)
+
+
+def test_a_functional_model_fn_around_the_same_model_trains_exactly():
+    torch.manual_seed(0)
+    model = WritesIntoState("copy").double()
+    reference = ReturnsFreshState("copy").double()
+    reference.load_state_dict(model.state_dict())
+    batches = with_starts(make_batches([7, 12, 5]), density=0.15)
+    train_both(model, reference, 4, 8, batches, model_fn=functional)
