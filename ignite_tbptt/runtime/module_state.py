@@ -14,6 +14,7 @@ calls. A model that keeps a graph in an attribute the trainer was not told of is
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,6 +24,9 @@ from torch.utils import _pytree as pytree
 from . import hidden as hs
 
 __all__ = ["ModuleState", "attributes_with_graph", "check_attributes"]
+
+# module -> {attribute: the value every stream starts from}, for every ModuleState naming the attribute.
+_INITIAL: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 class ModuleState:
@@ -53,11 +57,20 @@ class ModuleState:
                     f"(in {path!r}); create it in the module's __init__ (its value at a stream's start)."
                 )
             self.places[path] = (module, name)
-        # What a stream starts from: the attributes as the model was built (snnTorch: empty, filled on first use).
-        self.initial = {path: _detached(getattr(m, name)) for path, (m, name) in self.places.items()}
+        # What a stream starts from: the attributes as the first trainer or evaluator naming them found them, shared
+        # by all that name them later (an evaluator built after training must not start from training's last state).
+        self.initial = {}
+        for path, (module, name) in self.places.items():
+            initial = _INITIAL.setdefault(module, {})
+            if name not in initial:
+                initial[name] = _detached(getattr(module, name))  # snnTorch: an empty tensor, filled on first use
+            self.initial[path] = initial[name]
 
     def write(self, values: dict[str, Any] | None) -> None:
-        """Set the attributes to ``values``, or to their initial values at a stream's start (``None``)."""
+        """Set the attributes to ``values``, or at a stream's start (``None``) to their initial values.
+
+        The initial value of an attribute is the one it held when the first trainer or evaluator naming it was built.
+        """
         values = self.initial if values is None else values
         for path, (module, name) in self.places.items():
             value = values[path]

@@ -93,21 +93,23 @@ def test_module_state_is_saved_and_resumed_with_the_stream(tmp_path):
     assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=7, epochs=2)
 
 
-def test_the_evaluator_carries_module_state_as_the_trainer_does():
+@pytest.mark.parametrize("trained_first", [False, True])
+def test_the_evaluator_carries_module_state_as_the_trainer_does(trained_first):
     torch.manual_seed(0)
     model = AttributeNet().double()
+    if trained_first:  # the attribute then holds training's last state, which an evaluation must not start from
+        create_tbptt_trainer(model, sgd(model), cross_entropy, 3, 6, carry_hidden=True, module_state=["state"]).run(
+            make_batches([9])
+        )
     reference = Net().double()
     reference.load_state_dict(model.state_dict())
     batches = make_batches([6, 4])
     got = create_tbptt_evaluator(model, carry_hidden=True, module_state=["state"])
     want = create_tbptt_evaluator(reference, carry_hidden=True)
-    outputs = {}
-    got.add_event_handler(Events.ITERATION_COMPLETED, lambda e: outputs.setdefault("got", []).append(e.state.output[0]))
-    want.add_event_handler(
-        Events.ITERATION_COMPLETED, lambda e: outputs.setdefault("want", []).append(e.state.output[0])
-    )
-    got.run(batches)
-    want.run(batches)
+    outputs = {"got": [], "want": []}
+    for name, evaluator in (("got", got), ("want", want)):
+        evaluator.add_event_handler(Events.ITERATION_COMPLETED, lambda e, n=name: outputs[n].append(e.state.output[0]))
+        evaluator.run(batches)
     for a, b in zip(outputs["got"], outputs["want"], strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
