@@ -7,7 +7,7 @@ gradients and target counts of all processes (:mod:`ignite_tbptt.engine.distribu
 (``GradScaler.unscale_``), divides them by the target count (the exact gradient of the mean per-target loss
 over its windows, as torchtune's ``scale_grads``; without a scaler, in the kernel that checks them for inf/NaN:
 :mod:`ignite_tbptt.runtime.gradients`) and steps. It fires no event: :meth:`OptimizerStep.prepare` and
-:meth:`OptimizerStep.apply` return what happened, and the process function fires
+:meth:`OptimizerStep.apply` return what happened, and the stream loop has its listener fire
 ``TBPTTEvents.OPTIMIZER_STEP_STARTED`` (where clipping goes) between the two.
 
 Without a scaler, a step with inf/NaN gradients is never applied. An optimizer that can skip its own step on the
@@ -63,6 +63,7 @@ class OptimizerStep:
         """Forget windows whose gradients were accumulated but not applied."""
         self.windows = self.targets = 0
         self.backward_mean = False
+        self._due = None
 
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients."""

@@ -294,6 +294,9 @@ class _EngineListener:
         fire(engine, Tbptt_Events.TIME_ITERATION_STARTED)
         return recorded
 
+    def window_closed(self, reach: dict[int, float] | None) -> None:
+        self.engine.state.gradient_reach = reach  # before the step, for its handlers too
+
     def targets_processed(self, targets: int) -> None:
         self.engine.state.targets_seen += targets
 
@@ -313,7 +316,6 @@ class _EngineListener:
     def window_completed(self, window: CompletedWindow) -> None:
         engine = self.engine
         state = engine.state
-        state.gradient_reach = window.reach
         state.window_loss = window.loss.mean()
         state.window_targets = window.loss.targets
         state.window_bounds = (window.start, window.end, window.cut)

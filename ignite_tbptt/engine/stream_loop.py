@@ -3,8 +3,8 @@
 A :class:`StreamLoop` plans every segment (:func:`~ignite_tbptt.planning.plan_segment`), has the
 :class:`~ignite_tbptt.runtime.SegmentExecutor` run it, closes each window with its backward sweep and takes the
 optimizer step of every accumulation that completes. It imports no ignite: what happens at a window's or a step's
-boundary is reported to a :class:`LoopListener` (the process function, :mod:`ignite_tbptt.engine.process`), which
-fires ignite's events and keeps ``engine.state``.
+boundary is reported to a :class:`LoopListener` (the process function's, in :mod:`ignite_tbptt.engine.process`),
+which fires ignite's events and keeps ``engine.state``.
 """
 
 from __future__ import annotations
@@ -46,8 +46,6 @@ class CompletedWindow(NamedTuple):
     cut: int
     #: Its loss over its segments, with their target count.
     loss: LossSum
-    #: Its gradient reach, ``{lag: norm}`` (:func:`~ignite_tbptt.runtime.reach_profile`), if it was recorded.
-    reach: dict[int, float] | None
 
 
 class BatchResult(NamedTuple):
@@ -60,10 +58,13 @@ class BatchResult(NamedTuple):
 
 
 class LoopListener(Protocol):
-    """What the loop reports, in this order for each window: started, targets, step started and completed, completed."""
+    """What the loop reports for each window, in order: started, targets, closed, step started, step done, completed."""
 
     def window_started(self) -> bool:
         """A window opens; returns whether its gradient reach is recorded."""
+
+    def window_closed(self, reach: dict[int, float] | None) -> None:
+        """A window's backward pass is done, with its gradient reach if recorded; its optimizer step comes next."""
 
     def targets_processed(self, targets: int) -> None:
         """A segment's ``targets`` entered the loss."""
@@ -244,9 +245,10 @@ class StreamLoop:
             divisor = 1 if self.optimizer_step.backward_mean else stream.window_loss.targets
             profile = reach_profile(reach, end, divisor, scale)
         stream.window = None
+        self.listener.window_closed(profile)
         if self.optimizer_step.window_completed():
             self.take_step()
-        self.listener.window_completed(CompletedWindow(start, end, cut, stream.window_loss, profile))
+        self.listener.window_completed(CompletedWindow(start, end, cut, stream.window_loss))
 
     def take_step(self) -> None:
         """Take the optimizer step over the accumulated windows; a refused one is kept in :attr:`failed`."""

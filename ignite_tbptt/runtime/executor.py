@@ -2,10 +2,10 @@
 
 The stream loop (:mod:`ignite_tbptt.engine.stream_loop`) asks :func:`~ignite_tbptt.planning.plan_segment` what to
 do with each segment, and the process function fires ignite's events around it; a :class:`SegmentExecutor` only
-carries the plan out:
-the model call, the segment's per-token backward or the loss gradient it owes to its window's backward sweep, what
-the retained history keeps, and the sweep when the window closes. As in ``torch.distributed.pipelining``, where a
-schedule is data and one runtime executes it, another executor (CUDA graphs, say) can run the same plans.
+carries the plan out: the model call, the segment's per-token backward or the loss gradient it owes to its window's
+backward sweep, what the retained history keeps, and the sweep when the window closes. As in
+``torch.distributed.pipelining``, where a schedule is data and one runtime executes it, another executor (CUDA graphs,
+say) can run the same plans.
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ class ModelCall:
         model_fn: ``model_fn(model, x, hidden) -> (y_pred, hidden)``.
         autocast: a factory of the autocast context the model and the loss run under.
         reset_hidden: ``reset_hidden(hidden, starts) -> hidden``, applied to the input hidden state of a call
-            that starts new sequences in some columns (:mod:`ignite_tbptt.data.batch`).
+            that starts new sequences in some columns (:mod:`ignite_tbptt.runtime.reset`).
         initial_state: ``initial_state(batch_size) -> hidden``, the state at a stream's start and, per column, at
             every sequence start (a learned one: its parameters get the gradient of the windows that reach it), or
             ``None`` for the model's own (``model(x)`` at a stream's start, ``reset_hidden`` at sequence starts).

@@ -1,0 +1,176 @@
+"""xLSTM on the main corpus: the official ``xlstm`` package's xLSTMLarge, trained with TBPTT(k1, k2) through a model_fn.
+
+xLSTMLarge (Beck et al. 2024, "xLSTM: Extended Long Short-Term Memory", NeurIPS; the ``xlstm`` package of NX-AI,
+Apache 2.0) carries a state of ``(c, n, m)`` per mLSTM block from one chunk to the next. Its own forward copies the
+new state into the one it was given (``state[i][j].copy_(new)``), which the trainer refuses: it keeps the state it
+hands to a model call. :func:`xlstm_model_fn` calls the model's parts and returns a new state instead, and TBPTT is
+then exact for it. The model is small (embedding 64, two mLSTM blocks of two heads, the native CPU kernels in
+float32: ``chunkwise--native_autograd``), the text the main job's (Python's own sources, one stream in ``--batch-size``
+columns) and the input ``(B, T)``, ``time_dim=1``. It trains TBPTT(k1, k2) with k2 > k1 and TBPTT(k1, k1) for the
+same number of optimizer steps and prints the validation bits per character of each.
+
+Run::
+
+    python -m ignite_tbptt.examples.xlstm_lm                 # about 1.5 minutes on 2 CPU cores
+    python -m ignite_tbptt.examples.xlstm_lm --show-error    # what xLSTMLarge's own forward meets
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from typing import Any
+
+import torch
+from ignite.engine import Events
+from xlstm.xlstm_large.model import soft_cap, xLSTMLarge, xLSTMLargeConfig
+
+from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
+from ignite_tbptt.data import stream_batches
+
+from .char_lm import Vocabulary, stdlib_corpus
+
+__all__ = ["build_model", "xlstm_model_fn", "main"]
+
+
+def build_model(vocab: int, embedding: int = 64, blocks: int = 2, heads: int = 2, chunk: int = 16) -> xLSTMLarge:
+    """A small xLSTMLarge on the native CPU kernels in float32, returning its last states."""
+    config = xLSTMLargeConfig(
+        embedding_dim=embedding,
+        num_heads=heads,
+        num_blocks=blocks,
+        vocab_size=vocab,
+        return_last_states=True,
+        mode="train",
+        chunkwise_kernel="chunkwise--native_autograd",
+        sequence_kernel="native_sequence__native",
+        step_kernel="native",
+        chunk_size=chunk,
+        autocast_kernel_dtype="float32",
+    )
+    return xLSTMLarge(config)
+
+
+def xlstm_model_fn(model: xLSTMLarge, x: torch.Tensor, state: Any) -> tuple[torch.Tensor, dict]:
+    """The forward of xLSTMLarge with a new state: ``x`` ``(B, T)`` token ids -> logits ``(B, T, V)`` and the state.
+
+    The state is ``{block: (c, n, m)}``. The model's own forward writes each block's new state into the old one, in
+    place; each block returns it new, and so does this.
+    """
+    h, new_state = model.embedding(x), {}
+    for i, block in enumerate(model.backbone.blocks):
+        h, new_state[i] = block(h, None if state is None else state[i])
+    logits = model.lm_head(model.backbone.out_norm(h))
+    return soft_cap(logits, model.config.output_logit_soft_cap), new_state
+
+
+def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats per character) of logits ``(B, T, V)`` against ``(B, T)``."""
+    return torch.nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten())
+
+
+def batches_of(tokens: torch.Tensor, batch_size: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`~ignite_tbptt.data.stream_batches` as ``(B, T)`` pairs, whole batches only (the kernel's chunks)."""
+    return [
+        (x.t().contiguous(), y.t().contiguous())
+        for x, y in stream_batches(tokens, batch_size, length)
+        if x.shape[0] == length
+    ]
+
+
+def train(args: argparse.Namespace, vocab: Vocabulary, train_tokens: torch.Tensor, k2: int) -> tuple[xLSTMLarge, float]:
+    """A model trained with TBPTT(k1, k2) for ``args.steps`` optimizer steps; returns it and the seconds it took."""
+    torch.manual_seed(args.seed)
+    model = build_model(len(vocab), args.embedding, args.blocks, args.heads, args.k1)
+    trainer = create_tbptt_trainer(
+        model,
+        torch.optim.Adam(model.parameters(), lr=args.lr),
+        cross_entropy,
+        args.k1,
+        k2,
+        time_dim=1,
+        carry_hidden=True,
+        model_fn=xlstm_model_fn,
+    )
+    batches = batches_of(train_tokens, args.batch_size, args.seq_len)
+    iterations = math.ceil(args.steps * args.k1 / args.seq_len)  # every batch holds seq_len / k1 windows
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
+    start = time.perf_counter()
+    trainer.run(batches, max_epochs=math.ceil(iterations / len(batches)))
+    return model, time.perf_counter() - start
+
+
+def validation_bpc(model: xLSTMLarge, tokens: torch.Tensor, args: argparse.Namespace) -> float:
+    """Bits per character of ``tokens`` read as one carried stream in ``--batch-size`` columns."""
+    evaluator = create_tbptt_evaluator(
+        model, {"bpc": BitsPerTarget(cross_entropy)}, time_dim=1, carry_hidden=True, model_fn=xlstm_model_fn
+    )
+    return evaluator.run(batches_of(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
+
+
+def show_error(vocab: int) -> str:
+    """What the trainer says when xLSTMLarge's own forward runs under it (its state written in place)."""
+    model = build_model(vocab)
+    trainer = create_tbptt_trainer(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        cross_entropy,
+        16,
+        32,
+        time_dim=1,
+        carry_hidden=True,
+        model_fn=lambda m, x, state: m(x) if state is None else m(x, state),
+    )
+    tokens = torch.randint(0, vocab, (2, 65))
+    try:
+        trainer.run([(tokens[:, :-1], tokens[:, 1:])])
+    except RuntimeError as error:
+        return str(error)
+    return "no error"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train with k2 > k1 and with k2 = k1; returns the validation bits per character and seconds of each."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--k1", type=int, default=16, help="steps between backward passes (default 16, the chunk size)")
+    p.add_argument("--k2", type=int, default=64, help="steps the k2 > k1 run reaches back (default 64)")
+    p.add_argument("--steps", type=int, default=3000, help="optimizer steps of each run (default 3,000)")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=64, help="steps per batch (default 64)")
+    p.add_argument("--embedding", type=int, default=64)
+    p.add_argument("--blocks", type=int, default=2)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--max-chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--show-error", action="store_true", help="print what xLSTMLarge's own forward meets, and stop")
+    args = p.parse_args(argv)
+    text = stdlib_corpus()[: args.max_chars]
+    split = int(len(text) * 0.9)
+    vocab = Vocabulary(text[:split])
+    if args.show_error:
+        message = show_error(len(vocab))
+        print(message)
+        return {"error": message}
+    train_tokens, valid_tokens = vocab.encode(text[:split]), vocab.encode(text[split:])
+    print(
+        f"xLSTMLarge, {args.blocks} mLSTM blocks of {args.heads} heads, embedding {args.embedding}; "
+        f"{len(train_tokens):,} training characters",
+        flush=True,
+    )
+    result: dict[str, Any] = {"unigram_bpc": vocab.unigram_bpc(text[split:])}
+    for name, k2 in (("k2>k1", args.k2), ("k2=k1", args.k1)):
+        model, seconds = train(args, vocab, train_tokens, k2)
+        bpc = validation_bpc(model, valid_tokens, args)
+        result[name] = {"k1": args.k1, "k2": k2, "valid_bpc": bpc, "seconds": seconds}
+        print(
+            f"TBPTT({args.k1}, {k2}): validation {bpc:.3f} bits/char after {args.steps} optimizer steps, "
+            f"{seconds:.0f} s (unigram {result['unigram_bpc']:.2f})",
+            flush=True,
+        )
+    return result
+
+
+if __name__ == "__main__":
+    main()
