@@ -193,6 +193,25 @@ def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
 
 
+def batch_major(tokens: torch.Tensor, batch_size: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`~ignite_tbptt.data.stream_batches` as ``(B, T)`` pairs (``time_dim=1``), whole batches only."""
+    pairs = stream_batches(tokens, batch_size, length)
+    return [(x.t().contiguous(), y.t().contiguous()) for x, y in pairs if x.shape[0] == length]
+
+
+def held_out_corpus(max_chars: int, fraction: float = 0.1) -> tuple[Vocabulary, torch.Tensor, torch.Tensor, float]:
+    """The first ``max_chars`` of the default corpus, its last ``fraction`` held out, for the other examples.
+
+    Returns:
+        The training text's vocabulary, the training and the held-out tokens, and the held-out text's unigram bits
+        per character.
+    """
+    text = stdlib_corpus()[:max_chars]
+    split = int(len(text) * (1 - fraction))
+    vocab = Vocabulary(text[:split])
+    return vocab, vocab.encode(text[:split]), vocab.encode(text[split:]), vocab.unigram_bpc(text[split:])
+
+
 def truncation_options(p: argparse.ArgumentParser) -> None:
     """The options that record the gradient reach and choose the windows otherwise than --k1/--k2."""
     p.add_argument(

@@ -34,9 +34,8 @@ from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
-from ignite_tbptt.data import stream_batches
 
-from .char_lm import Vocabulary, stdlib_corpus
+from .char_lm import batch_major, cross_entropy, held_out_corpus
 
 __all__ = ["LearnedMemory", "MemoryTransformer", "main"]
 
@@ -95,17 +94,6 @@ class MemoryTransformer(nn.Module):
         return blocked
 
 
-def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats per character) of logits ``(B, T, V)`` against ``(B, T)``."""
-    return nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten())
-
-
-def batches_of(tokens: torch.Tensor, batch_size: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`~ignite_tbptt.data.stream_batches` as ``(B, T)`` pairs, whole batches only."""
-    pairs = stream_batches(tokens, batch_size, length)
-    return [(x.t().contiguous(), y.t().contiguous()) for x, y in pairs if x.shape[0] == length]
-
-
 def without_memory(model: MemoryTransformer, x: torch.Tensor, memory: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The memoryless baseline's ``model_fn``: every segment reads the learned initial memory."""
     return model(x, model.start(x.shape[0]))
@@ -133,7 +121,7 @@ def train(args: argparse.Namespace, vocab: int, tokens: torch.Tensor, segments: 
         initial_state=model.start,
         **({} if memory else {"model_fn": without_memory}),
     )
-    batches = batches_of(tokens, args.batch_size, args.seq_len)
+    batches = batch_major(tokens, args.batch_size, args.seq_len)
     iterations = math.ceil(args.steps * args.segment / args.seq_len)
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
     start = time.perf_counter()
@@ -152,7 +140,7 @@ def validation_bpc(model: MemoryTransformer, tokens: torch.Tensor, args: argpars
         initial_state=model.start,
         **({} if memory else {"model_fn": without_memory}),
     )
-    return evaluator.run(batches_of(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
+    return evaluator.run(batch_major(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -168,16 +156,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    text = stdlib_corpus()[: args.max_chars]
-    split = int(len(text) * 0.9)
-    vocab = Vocabulary(text[:split])
-    train_tokens, valid_tokens = vocab.encode(text[:split]), vocab.encode(text[split:])
+    vocab, train_tokens, valid_tokens, unigram = held_out_corpus(args.max_chars)
     print(
         f"memory transformer: {args.memory} memory tokens, segments of {args.segment} characters; "
         f"{len(train_tokens):,} training characters",
         flush=True,
     )
-    result: dict[str, Any] = {"unigram_bpc": vocab.unigram_bpc(text[split:])}
+    result: dict[str, Any] = {"unigram_bpc": unigram}
     for name, (segments, memory) in VARIANTS.items():
         model, seconds = train(args, len(vocab), train_tokens, segments, memory)
         bpc = validation_bpc(model, valid_tokens, args, memory)

@@ -27,9 +27,8 @@ from ignite.engine import Events
 from xlstm.xlstm_large.model import soft_cap, xLSTMLarge, xLSTMLargeConfig
 
 from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
-from ignite_tbptt.data import stream_batches
 
-from .char_lm import Vocabulary, stdlib_corpus
+from .char_lm import batch_major, cross_entropy, held_out_corpus
 
 __all__ = ["build_model", "xlstm_model_fn", "main"]
 
@@ -65,24 +64,10 @@ def xlstm_model_fn(model: xLSTMLarge, x: torch.Tensor, state: Any) -> tuple[torc
     return soft_cap(logits, model.config.output_logit_soft_cap), new_state
 
 
-def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats per character) of logits ``(B, T, V)`` against ``(B, T)``."""
-    return torch.nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten())
-
-
-def batches_of(tokens: torch.Tensor, batch_size: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`~ignite_tbptt.data.stream_batches` as ``(B, T)`` pairs, whole batches only (the kernel's chunks)."""
-    return [
-        (x.t().contiguous(), y.t().contiguous())
-        for x, y in stream_batches(tokens, batch_size, length)
-        if x.shape[0] == length
-    ]
-
-
-def train(args: argparse.Namespace, vocab: Vocabulary, train_tokens: torch.Tensor, k2: int) -> tuple[xLSTMLarge, float]:
+def train(args: argparse.Namespace, vocab: int, train_tokens: torch.Tensor, k2: int) -> tuple[xLSTMLarge, float]:
     """A model trained with TBPTT(k1, k2) for ``args.steps`` optimizer steps; returns it and the seconds it took."""
     torch.manual_seed(args.seed)
-    model = build_model(len(vocab), args.embedding, args.blocks, args.heads, args.k1)
+    model = build_model(vocab, args.embedding, args.blocks, args.heads, args.k1)
     trainer = create_tbptt_trainer(
         model,
         torch.optim.Adam(model.parameters(), lr=args.lr),
@@ -93,7 +78,7 @@ def train(args: argparse.Namespace, vocab: Vocabulary, train_tokens: torch.Tenso
         carry_hidden=True,
         model_fn=xlstm_model_fn,
     )
-    batches = batches_of(train_tokens, args.batch_size, args.seq_len)
+    batches = batch_major(train_tokens, args.batch_size, args.seq_len)
     iterations = math.ceil(args.steps * args.k1 / args.seq_len)  # every batch holds seq_len / k1 windows
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
     start = time.perf_counter()
@@ -106,7 +91,7 @@ def validation_bpc(model: xLSTMLarge, tokens: torch.Tensor, args: argparse.Names
     evaluator = create_tbptt_evaluator(
         model, {"bpc": BitsPerTarget(cross_entropy)}, time_dim=1, carry_hidden=True, model_fn=xlstm_model_fn
     )
-    return evaluator.run(batches_of(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
+    return evaluator.run(batch_major(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
 
 
 def show_error(vocab: int) -> str:
@@ -146,22 +131,19 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show-error", action="store_true", help="print what xLSTMLarge's own forward meets, and stop")
     args = p.parse_args(argv)
-    text = stdlib_corpus()[: args.max_chars]
-    split = int(len(text) * 0.9)
-    vocab = Vocabulary(text[:split])
+    vocab, train_tokens, valid_tokens, unigram = held_out_corpus(args.max_chars)
     if args.show_error:
         message = show_error(len(vocab))
         print(message)
         return {"error": message}
-    train_tokens, valid_tokens = vocab.encode(text[:split]), vocab.encode(text[split:])
     print(
         f"xLSTMLarge, {args.blocks} mLSTM blocks of {args.heads} heads, embedding {args.embedding}; "
         f"{len(train_tokens):,} training characters",
         flush=True,
     )
-    result: dict[str, Any] = {"unigram_bpc": vocab.unigram_bpc(text[split:])}
+    result: dict[str, Any] = {"unigram_bpc": unigram}
     for name, k2 in (("k2>k1", args.k2), ("k2=k1", args.k1)):
-        model, seconds = train(args, vocab, train_tokens, k2)
+        model, seconds = train(args, len(vocab), train_tokens, k2)
         bpc = validation_bpc(model, valid_tokens, args)
         result[name] = {"k1": args.k1, "k2": k2, "valid_bpc": bpc, "seconds": seconds}
         print(
