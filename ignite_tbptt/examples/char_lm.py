@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 import sysconfig
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -284,6 +286,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=100, help="iterations between checkpoints, 0 for none")
     p.add_argument("--resume", type=Path, help="checkpoint file to continue from")
     p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch's CPU threads (default: torch's, one per core); 1 where another job shares the cores",
+    )
     truncation_options(p)
     args = p.parse_args(argv)
     if args.artbp and args.adaptive:
@@ -398,6 +406,8 @@ def load_checkpoint(path: Path, device: Any) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
     args = parse_args(argv)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.logdir is None:  # one directory per run, so that reruns do not mix their curves and checkpoints
         args.logdir = new_run_dir(Path("runs"))
     torch.manual_seed(args.seed)
@@ -450,14 +460,54 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if progress is not None:
         progress.attach(trainer, output_transform=lambda loss: {"bits/char": loss / LN2})
+    interrupted = stop_on_interrupt(trainer, to_save, args.logdir / "checkpoints", say)
     try:
         trainer.run(train, max_epochs=args.epochs)
     finally:
+        interrupted.restore()
         if tb_logger is not None:
             tb_logger.close()
     history["logdir"] = str(args.logdir)
+    history["interrupted"] = interrupted.checkpoint
     return history
 
 
+class stop_on_interrupt:  # noqa: N801 - used as a function
+    """On Ctrl-C, end the run after the current iteration and write a checkpoint there; a second Ctrl-C stops at once.
+
+    A checkpoint between two iterations is one ``--resume`` continues exactly from (the interrupted iteration is
+    finished first: at the default sizes well under a second).
+    """
+
+    def __init__(self, trainer: Any, to_save: dict, folder: Path, say: Any) -> None:
+        self.trainer, self.checkpoint = trainer, None
+        self.previous = signal.getsignal(signal.SIGINT)
+        self.saver = Checkpoint(to_save, DiskSaver(folder, require_empty=False), filename_prefix="interrupted")
+        self.say = say
+        trainer.add_event_handler(Events.TERMINATE, self._save)
+        self.installed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+        if self.installed:
+            signal.signal(signal.SIGINT, self._interrupt)
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGINT, self.previous)  # the next Ctrl-C is an immediate KeyboardInterrupt
+        self.trainer.terminate()
+
+    def _save(self, engine: Any) -> None:
+        self.saver(engine)
+        self.checkpoint = str(self.saver.last_checkpoint)
+        self.say(f"interrupted at iteration {engine.state.iteration}: --resume {self.checkpoint} continues from there")
+
+    def restore(self) -> None:
+        """Give Ctrl-C back to whoever had it."""
+        if self.installed:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    try:
+        history = main()
+    except KeyboardInterrupt:  # before training started, or a second Ctrl-C
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(130 if history.get("interrupted") else 0)

@@ -64,7 +64,9 @@ class WeightVersion:
 
     def __init__(self) -> None:
         self.copies: dict[int, torch.UntypedStorage] | None = None
-        self.records: weakref.WeakSet[_SavedParameter] = weakref.WeakSet()
+        # Weak references without callbacks: a WeakSet runs Python in the collector, where a Ctrl-C that lands is
+        # printed as "Exception ignored" and lost, so training went on.
+        self.records: list[weakref.ref[_SavedParameter]] = []
 
     @property
     def frozen(self) -> bool:
@@ -78,7 +80,7 @@ class _SavedParameter:
     def __init__(self, version: WeightVersion, tensor: torch.Tensor) -> None:
         self.version, self.tensor, self.saved, self.at_freeze = version, tensor, tensor._version, None
         self.frozen: torch.Tensor | None = None  # the view into the copy, made on the first unpack after freezing
-        version.records.add(self)
+        version.records.append(weakref.ref(self))
 
     def unpack(self) -> torch.Tensor:
         v, t = self.version, self.tensor
@@ -129,9 +131,11 @@ class ParameterVersions:
     def freeze(self) -> None:
         """Copy the parameters for the graphs computed since the last call; call it right before the step."""
         v = self.current
-        for record in v.records:
-            record.at_freeze = record.tensor._version
-        v.copies = {}
+        for ref in v.records:
+            record = ref()
+            if record is not None:  # the graphs that saved it may be gone
+                record.at_freeze = record.tensor._version
+        v.records, v.copies = [], {}
         for p in self._parameters():
             if p.numel() and _key(p) not in v.copies:
                 v.copies[_key(p)] = p.untyped_storage().clone()

@@ -159,3 +159,41 @@ def test_the_main_job_trains_with_unbiased_truncation(tmp_path, capsys):
     history = char_lm.main([*args, "--logdir", str(tmp_path)])
     assert "ARTBP(grid=5, mean length 10)" in capsys.readouterr().out
     assert history["valid_bpc"][0] < history["unigram_bpc"]
+
+
+def test_ctrl_c_stops_the_main_job_within_seconds_every_time_with_a_checkpoint_to_resume(tmp_path):
+    # Ten interrupts at random moments, from start-up to training: each run ends within 5 s of its Ctrl-C. Once the
+    # job runs, it says so in one line and exits with 130; during Python's own start-up (importing torch), Python's
+    # KeyboardInterrupt ends it.
+    import random
+    import signal
+    import time
+
+    moments = random.Random(0).sample([x / 4 for x in range(4, 32)], 10)  # 1 to 8 s after start
+    args = [*STREAM, "--epochs", "40", "--no-progress", "--checkpoint-every", "0"]  # runs far past 8 s
+    checkpoints, clean = [], 0
+    for i, moment in enumerate(moments):
+        logdir = tmp_path / f"run{i}"
+        job = subprocess.Popen(
+            [sys.executable, "-m", "ignite_tbptt.examples.char_lm", *args, "--logdir", str(logdir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(moment)
+        job.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        out, err = job.communicate(timeout=30)
+        assert time.monotonic() - sent < 5, (moment, out, err)
+        assert job.returncode in (130, -signal.SIGINT), (moment, out, err)
+        if job.returncode == 130:
+            assert "Traceback" not in err and ("interrupted" in err or "interrupted at iteration" in out), (out, err)
+            clean += 1
+        checkpoints += list(logdir.glob("checkpoints/interrupted_*.pt"))
+    assert clean >= 5  # most moments fall after start-up
+    assert checkpoints  # interrupts during training leave a checkpoint; resuming one goes on
+    last = str(checkpoints[-1])
+    resumed = char_lm.main(
+        [*STREAM, "--epochs", "1", "--no-progress", "--logdir", str(tmp_path / "on"), "--resume", last]
+    )
+    assert resumed["interrupted"] is None
