@@ -4,13 +4,15 @@
 :func:`pack_sequences` and :func:`pack_recordings` pack many sequences into the columns of such a stream, marking
 where each starts (batches ``(x, y, starts)``) and padding what is left; :func:`masked_loss` and
 :func:`count_targets` leave that padding out. :mod:`ignite_tbptt.data.batch` holds the checks every batch passes
-and ``prepare_batch``. Modules here import torch, ignite and :mod:`ignite_tbptt.checks`.
+and ``prepare_batch``; in a distributed run each process keeps its share of the columns
+(:mod:`ignite_tbptt.data.shards`). Modules here import torch, ignite and :mod:`ignite_tbptt.checks`.
 """
 
 from .batch import prepare_batch
 from .masks import count_targets, masked_loss
 from .recordings import PackedRecordings, pack_recordings
 from .sequences import PackedSequences, pack_sequences
+from .shards import Shard, shard_of
 from .streams import stream_batches
 
 __all__ = [
@@ -22,4 +24,6 @@ __all__ = [
     "masked_loss",
     "count_targets",
     "prepare_batch",
+    "Shard",
+    "shard_of",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..checks import positive_int
+from .shards import shard_of
 
 __all__ = ["Packing", "holds"]
 
@@ -40,6 +41,8 @@ class Packing(ABC):
         seed: int = 0,
         drop_last: bool = False,
         align: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self.items = items
         self.batch_size = positive_int("batch_size", batch_size, "columns")
@@ -51,6 +54,8 @@ class Packing(ABC):
                 f"shuffle=True needs pieces with len() and indexing (a list, a Dataset), got "
                 f"{type(items).__name__}; shuffle them yourself or pass shuffle=False."
             )
+        self.shard = shard_of(rank, world_size)  # this process's columns: every process packs all the same way
+        self.shard.check(self.batch_size)
         self.epoch = 0
         self._steps: list[int] | None = None
 
@@ -111,7 +116,10 @@ class Packing(ABC):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         # With shuffle, every order is padded to the same number of steps, the most any order can need.
         steps = self.steps if self.shuffle else None
-        return _pack(self, self.pairs(self._order()), steps)
+        batches = _pack(self, self.pairs(self._order()), steps)
+        if self.shard.whole:
+            return batches
+        return (tuple(self.shard.columns(t) for t in batch) for batch in batches)
 
 
 def holds(dtype: torch.dtype, value: int) -> bool:

@@ -37,7 +37,7 @@ def pack_recordings(
         length: steps per batch ``T``; the last batch of an epoch may be shorter.
         **options: keyword-only: ``x_pad`` (the features' padding value, default 0), ``y_pad`` (the targets',
             default NaN or ``ignore_index`` as above), ``ignore_index`` (default -100), and ``shuffle``, ``seed``,
-            ``drop_last``, ``align`` as for :func:`pack_sequences`.
+            ``drop_last``, ``align``, ``rank``, ``world_size`` as for :func:`pack_sequences`.
 
     Returns:
         A :class:`PackedRecordings`: iterating it yields ``(x, y, starts)``, ``x`` of shape ``(T, B, *F)``,
@@ -80,8 +80,20 @@ class PackedRecordings(Packing):
         seed: int = 0,
         drop_last: bool = False,
         align: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
-        super().__init__(recordings, batch_size, length, shuffle=shuffle, seed=seed, drop_last=drop_last, align=align)
+        super().__init__(
+            recordings,
+            batch_size,
+            length,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            align=align,
+            rank=rank,
+            world_size=world_size,
+        )
         if isinstance(y_pad, int) and not isinstance(y_pad, bool) and y_pad >= 0:
             raise ValueError(
                 f"y_pad must not be a real class: class indices are not negative, got {y_pad}. Use the loss's "

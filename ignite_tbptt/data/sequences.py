@@ -57,6 +57,10 @@ def pack_sequences(sequences: Iterable[torch.Tensor], batch_size: int, length: i
         drop_last: end the epoch where the first column runs out of sequences instead of padding; default False.
         align: start every sequence at a multiple of this many steps (``k1``, say), padding after the previous
             one; default 1 (no padding between sequences).
+        rank, world_size: this process's rank and the number of processes of a distributed run; default
+            ``ignite.distributed``'s (0 and 1 outside one). Every process packs all the sequences into the
+            ``batch_size`` columns alike and keeps the columns ``rank::world_size`` (:mod:`ignite_tbptt.data.shards`):
+            every process gets as many batches, and together they train as one process on all the columns.
 
     Returns:
         A :class:`PackedSequences`: iterating it yields ``(x, y, starts)`` with ``x`` and ``y`` of shape
@@ -104,8 +108,20 @@ class PackedSequences(Packing):
         seed: int = 0,
         drop_last: bool = False,
         align: int = 1,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
-        super().__init__(sequences, batch_size, length, shuffle=shuffle, seed=seed, drop_last=drop_last, align=align)
+        super().__init__(
+            sequences,
+            batch_size,
+            length,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            align=align,
+            rank=rank,
+            world_size=world_size,
+        )
         self.ignore_index, self.pad_value = ignore_index, pad_value
 
     @property

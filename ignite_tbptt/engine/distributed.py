@@ -8,6 +8,12 @@ the accumulated gradients and target counts of all processes at the optimizer st
 for the gradients (per dtype and device) and one for the target count, however many windows and segments
 the step covers. Dividing the summed gradient by the summed count gives exactly the gradient of
 single-process training on the whole batch.
+
+Every process must do the same work: the same batches per epoch, so the same windows and optimizer steps. Where
+they do not (a user's own uneven shards), one would wait in a collective another never makes, or pair it with a
+different one. So the target counts travel in a record of where each process is (its epoch length, epoch,
+iteration, window, optimizer step), gathered from all at every optimizer step and at every epoch's end: where the
+records differ, every process raises at once an error that names them, instead of hanging.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from __future__ import annotations
 import ignite.distributed as idist
 import torch
 
-__all__ = ["is_distributed", "broadcast_parameters", "all_reduce_gradients"]
+__all__ = ["is_distributed", "broadcast_parameters", "all_reduce_gradients", "synchronise", "ProcessesDisagree"]
 
 
 def is_distributed() -> bool:
@@ -30,15 +36,65 @@ def broadcast_parameters(parameters: list[torch.Tensor]) -> None:
         p.copy_(idist.broadcast(p.detach(), src=0))
 
 
-@torch.no_grad()
-def all_reduce_gradients(parameters: list[torch.Tensor], targets: int) -> int:
-    """Sum the parameters' gradients and the target count over all processes, in place.
+class ProcessesDisagree(RuntimeError):
+    """The processes of a distributed run are at different points of their work: their data differs in length."""
 
-    A parameter without a gradient on this process counts as zeros, so that every process reduces
-    buffers of the same layout.
+
+#: What a process reports at a synchronisation: (kind, epoch length or -1 if unknown, epoch, iteration, window,
+#: optimizer step). Kinds: an optimizer step, or an epoch's end.
+STEP, EPOCH_END = 0, 1
+
+
+def synchronise(position: tuple[int, ...], targets: int, device: torch.device) -> int:
+    """Check that every process is at ``position`` and sum their target counts: one collective, one read.
+
+    Args:
+        position: ``(kind, epoch_length, epoch, iteration, window, optimizer_step)`` of this process, with
+            ``epoch_length`` -1 while unknown.
+        targets: this process's target count.
+        device: where the collective runs (the parameters' device).
 
     Returns:
         The target count summed over all processes.
+
+    Raises:
+        ProcessesDisagree: on every process, if any reports another position; naming each process's.
+    """
+    record = torch.tensor([*position, targets], dtype=torch.int64, device=device)
+    gathered = idist.all_gather(record).view(-1, record.numel()).tolist()
+    if any(row[:-1] != gathered[0][:-1] for row in gathered):
+        raise ProcessesDisagree(_disagreement(gathered))
+    return sum(row[-1] for row in gathered)
+
+
+def _disagreement(rows: list[list[int]]) -> str:
+    lengths = [row[1] for row in rows]
+    if all(n >= 0 for n in lengths) and len(set(lengths)) > 1:
+        counts = ", ".join(f"rank {r} runs {n}" for r, n in enumerate(lengths))
+        what = f"the processes run different numbers of batches per epoch: {counts}"
+    else:
+        where = ", ".join(f"rank {r} at {_shown(row)}" for r, row in enumerate(rows))
+        what = f"the processes are at different points of the epoch: {where}"
+    return (
+        f"{what}. Every process must run the same batches per epoch (the same windows and optimizer steps): give each "
+        "its share with pack_sequences, pack_recordings or stream_batches, which shard their columns so that every "
+        "process gets as many batches, or make your shards' counts equal (pad with batches of padding only)."
+    )
+
+
+def _shown(row: list[int]) -> str:
+    kind, _, epoch, iteration, window, step = row[:-1]
+    if kind == EPOCH_END:
+        return f"the end of epoch {epoch} (iteration {iteration})"
+    return f"optimizer step {step} (epoch {epoch}, iteration {iteration}, window {window})"
+
+
+@torch.no_grad()
+def all_reduce_gradients(parameters: list[torch.Tensor]) -> None:
+    """Sum the parameters' gradients over all processes, in place: one collective per dtype and device.
+
+    A parameter without a gradient on this process counts as zeros, so that every process reduces
+    buffers of the same layout.
     """
     for p in parameters:
         if p.grad is None:
@@ -49,5 +105,3 @@ def all_reduce_gradients(parameters: list[torch.Tensor], targets: int) -> int:
     for grads in groups.values():
         flat = idist.all_reduce(torch.cat([g.reshape(-1) for g in grads]))
         torch._foreach_copy_(grads, [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)])
-    device = parameters[0].device if parameters else torch.device("cpu")
-    return int(idist.all_reduce(torch.tensor(targets, dtype=torch.int64, device=device)).item())

@@ -80,12 +80,13 @@ class OptimizerStep:
         self.windows += 1
         return self.windows == self.accumulation
 
-    def prepare(self, where: tuple[int, int, int]) -> int:
+    def prepare(self, position: tuple[int, int, int, int, int]) -> int:
         """Make the accumulated gradients final: summed over processes, unscaled, divided and checked.
 
         Args:
-            where: the step about to be taken, its window and iteration (counted from 1), named by the error for a
-                refused step.
+            position: where the run is, ``(epoch_length or -1, epoch, iteration, window, step)`` with ``step`` the one
+                about to be taken (counted from 1): named by the error for a refused step, and shared by every
+                process of a distributed run (:func:`~ignite_tbptt.engine.distributed.synchronise`).
 
         Returns:
             The step's target count over all processes; 0 if it has none (only padding), and then the step must
@@ -94,11 +95,17 @@ class OptimizerStep:
         Raises:
             FloatingPointError: without a scaler and with an optimizer that cannot skip on the device, if the
                 gradients hold inf or NaN; the step must not be applied.
+            ProcessesDisagree: in a distributed run, if the processes are at different steps.
         """
         targets, backward_mean = self.targets, self.backward_mean
+        where = (position[4], position[3], position[2])  # the step, its window and iteration
         self.reset()
-        if self.distributed:
-            targets = distributed.all_reduce_gradients(self.parameters(), targets)
+        if self.distributed:  # every process must be at the same step: checked with the target counts
+            params = self.parameters()
+            device = params[0].device if params else torch.device("cpu")
+            targets = distributed.synchronise((distributed.STEP, *position), targets, device)
+            if targets:
+                distributed.all_reduce_gradients(params)
         if not targets:
             return 0
         divisor = 1 if backward_mean else targets

@@ -226,9 +226,16 @@ class TBPTTStep:
 
         Raises:
             FloatingPointError: if an optimizer step of the run was refused for non-finite gradients.
+            ProcessesDisagree: in a distributed run, if another process is not at its epoch's end too.
         """
         self._raise_if_failed()
+        ended = self.loop.stream.position > 0  # the first call of the epoch: the second finds the stream reset
         self.loop.end_stream()
+        if ended and self.optimizer_step.distributed:  # a process with fewer batches is found here at the latest
+            params = self.parameters()
+            device = params[0].device if params else torch.device("cpu")
+            position = _EngineListener(engine, self).position()
+            distributed.synchronise((distributed.EPOCH_END, *position[:-1], engine.state.optimizer_step), 0, device)
 
     def _raise_if_failed(self) -> None:
         if self.loop.failed is not None:
@@ -300,9 +307,10 @@ class _EngineListener:
     def targets_processed(self, targets: int) -> None:
         self.engine.state.targets_seen += targets
 
-    def step_counters(self) -> tuple[int, int, int]:
+    def position(self) -> tuple[int, int, int, int, int]:
         state = self.engine.state
-        return state.optimizer_step + 1, state.window, state.iteration
+        length = state.epoch_length if state.epoch_length is not None else -1
+        return length, state.epoch, state.iteration, state.window, state.optimizer_step + 1
 
     def step_started(self, targets: int) -> None:
         engine = self.engine

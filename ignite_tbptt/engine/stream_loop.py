@@ -69,8 +69,8 @@ class LoopListener(Protocol):
     def targets_processed(self, targets: int) -> None:
         """A segment's ``targets`` entered the loss."""
 
-    def step_counters(self) -> tuple[int, int, int]:
-        """The optimizer step about to be taken, its window and iteration, for the error of a refused step."""
+    def position(self) -> tuple[int, int, int, int, int]:
+        """Where the run is: ``(epoch_length or -1, epoch, iteration, window, optimizer step about to be taken)``."""
 
     def step_started(self, targets: int) -> None:
         """The gradients of an optimizer step over ``targets`` targets are final; the step comes next."""
@@ -251,12 +251,16 @@ class StreamLoop:
         self.listener.window_completed(CompletedWindow(start, end, cut, stream.window_loss))
 
     def take_step(self) -> None:
-        """Take the optimizer step over the accumulated windows; a refused one is kept in :attr:`failed`."""
+        """Take the optimizer step over the accumulated windows; a refused one is kept in :attr:`failed`.
+
+        Raises:
+            ProcessesDisagree: in a distributed run whose processes are at different steps.
+        """
         if self.history.segments:
             self.history.versions.freeze()
         try:
             with profiled("tbptt.optimizer_step"):
-                targets = self.optimizer_step.prepare(self.listener.step_counters())
+                targets = self.optimizer_step.prepare(self.listener.position())
                 if not targets:
                     return
                 self.listener.step_started(targets)
