@@ -17,3 +17,13 @@ def test_documentation_builds_without_warnings(tmp_path):
     for name in ("create_tbptt_trainer", "create_tbptt_evaluator", "GradientClipping", "attach_tensorboard"):
         assert f'id="ignite_tbptt.{name}"' in api
     assert (tmp_path / "_images" / "schedule_k1-2_k2-5.png").is_file()
+
+
+def test_the_distributed_howto_runs_as_written(tmp_path):
+    text = (DOCS / "howto" / "distributed.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "training.py"
+    script.write_text(code)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "optimizer steps, last loss" in result.stdout

@@ -31,10 +31,12 @@ bias (:class:`~ignite_tbptt.ARTBP`, windows of ``L`` steps on average).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import signal
 import sys
 import sysconfig
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -123,6 +125,7 @@ def stdlib_corpus() -> str:
     return "\n".join(stdlib_documents())
 
 
+WHOLE = {"rank": 0, "world_size": 1}  # all the columns, on every process
 AUTO_KEPT = 0.9  # the least share of the training characters the documents layout must keep to be chosen
 
 
@@ -287,6 +290,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--resume", type=Path, help="checkpoint file to continue from")
     p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
     p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="processes to train on (gloo on CPU, nccl on CUDA); each takes its share of the columns (default 1)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -328,14 +337,15 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
         layout = "stream" if layout == "stream" else "documents"
     if layout == "stream":
         train = stream_batches(vocab.encode(train_docs[0]), args.batch_size, args.seq_len)
-        valid = stream_batches(vocab.encode(valid_docs[0]), min(args.batch_size, 8), args.seq_len)
+        # Every process evaluates all the validation columns: the metric's sums over processes keep the same mean.
+        valid = stream_batches(vocab.encode(valid_docs[0]), min(args.batch_size, 8), args.seq_len, **WHOLE)
     else:
         valid_columns = min(args.batch_size, len(valid_docs))
-        valid = pack_sequences([vocab.encode(d) for d in valid_docs], valid_columns, args.seq_len)
+        valid = pack_sequences([vocab.encode(d) for d in valid_docs], valid_columns, args.seq_len, **WHOLE)
     valid_text = "".join(d[1:] for d in valid_docs)  # the characters predicted: all but each document's first
     unigram = vocab.unigram_bpc(valid_text)
     # Every column is full in every step of a drop_last epoch: no need to build the batches to count.
-    used = train.steps * train.batch_size if layout != "stream" else sum(y.numel() for _, y in train)
+    used = train.steps * train.batch_size if layout != "stream" else sum(y.shape[0] for _, y in train) * args.batch_size
     (print if idist.get_rank() == 0 else lambda *_, **__: None)(
         f"{sum(map(len, train_docs)):,} training characters in {len(train_docs)} documents ({used:,} predicted per "
         f"epoch), {len(valid_text):,} validation characters, {len(vocab)} symbols; unigram model: {unigram:.2f} "
@@ -406,10 +416,30 @@ def load_checkpoint(path: Path, device: Any) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
     args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
     if args.logdir is None:  # one directory per run, so that reruns do not mix their curves and checkpoints
         args.logdir = new_run_dir(Path("runs"))
+    if args.nproc == 1:
+        return train_process(args)
+    backend = "nccl" if torch.device(args.device).type == "cuda" else "gloo"
+    with tempfile.TemporaryDirectory() as folder:
+        result = Path(folder) / "history.json"
+        with idist.Parallel(backend=backend, nproc_per_node=args.nproc) as parallel:
+            parallel.run(_process, args, result)
+        return json.loads(result.read_text())
+
+
+def _process(local_rank: int, args: argparse.Namespace, result: Path) -> None:
+    history = train_process(args)
+    if idist.get_rank() == 0:
+        result.write_text(json.dumps(history))
+
+
+def train_process(args: argparse.Namespace) -> dict:
+    """Train as one process of ``args.nproc`` (all of them when 1): its share of the columns, rank 0 logging."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    elif args.nproc > 1:  # the processes share the cores
+        torch.set_num_threads(max(1, torch.get_num_threads() // args.nproc))
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     vocab, train, valid, unigram = load_data(args)
@@ -460,7 +490,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     if progress is not None:
         progress.attach(trainer, output_transform=lambda loss: {"bits/char": loss / LN2})
-    interrupted = stop_on_interrupt(trainer, to_save, args.logdir / "checkpoints", say)
+    # One process: Ctrl-C ends the run at an iteration's end. Several: each would stop at its own iteration, so
+    # Ctrl-C stops them all at once.
+    interrupted = stop_on_interrupt(trainer, to_save, args.logdir / "checkpoints", say, enabled=args.nproc == 1)
     try:
         trainer.run(train, max_epochs=args.epochs)
     finally:
@@ -479,13 +511,13 @@ class stop_on_interrupt:  # noqa: N801 - used as a function
     finished first: at the default sizes well under a second).
     """
 
-    def __init__(self, trainer: Any, to_save: dict, folder: Path, say: Any) -> None:
+    def __init__(self, trainer: Any, to_save: dict, folder: Path, say: Any, enabled: bool = True) -> None:
         self.trainer, self.checkpoint = trainer, None
         self.previous = signal.getsignal(signal.SIGINT)
         self.saver = Checkpoint(to_save, DiskSaver(folder, require_empty=False), filename_prefix="interrupted")
         self.say = say
         trainer.add_event_handler(Events.TERMINATE, self._save)
-        self.installed = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+        self.installed = enabled and threading.current_thread() is threading.main_thread()  # signals: main thread
         if self.installed:
             signal.signal(signal.SIGINT, self._interrupt)
 

@@ -197,3 +197,13 @@ def test_ctrl_c_stops_the_main_job_within_seconds_every_time_with_a_checkpoint_t
         [*STREAM, "--epochs", "1", "--no-progress", "--logdir", str(tmp_path / "on"), "--resume", last]
     )
     assert resumed["interrupted"] is None
+
+
+def test_two_processes_train_the_main_job_as_one(tmp_path):
+    args = [*STREAM, "--k1", "10", "--k2", "20", "--epochs", "2", "--no-progress", "--checkpoint-every", "0"]
+    one = char_lm.main([*args, "--logdir", str(tmp_path / "one")])
+    two = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "two")])
+    # Each process trains on its 4 of the 8 columns, gradients summed at each step: the same training up to float32
+    # rounding, which Adam compounds over 150 steps (in float64, tests/engine/test_distributed.py agrees to 1e-9).
+    assert two["valid_bpc"] == pytest.approx(one["valid_bpc"], abs=5e-3)
+    assert two["valid_bpc"][1] < two["valid_bpc"][0] < one["unigram_bpc"]
