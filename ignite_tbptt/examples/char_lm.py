@@ -63,7 +63,17 @@ from ignite_tbptt import (
 from ignite_tbptt import load_checkpoint as read_checkpoint
 from ignite_tbptt.data import pack_sequences, stream_batches
 
-__all__ = ["STDLIB_MODULES", "stdlib_documents", "stdlib_corpus", "Vocabulary", "CharLSTM", "main"]
+__all__ = [
+    "STDLIB_MODULES",
+    "stdlib_documents",
+    "stdlib_corpus",
+    "held_out_corpus",
+    "batch_major",
+    "Vocabulary",
+    "CharLSTM",
+    "StopOnInterrupt",
+    "main",
+]
 
 # Paths relative to the standard library's directory, sorted: the default corpus.
 STDLIB_MODULES = (
@@ -434,6 +444,27 @@ def _process(local_rank: int, args: argparse.Namespace, result: Path) -> None:
         result.write_text(json.dumps(history))
 
 
+def attach_handlers(args: argparse.Namespace, trainer: Any, evaluator: Any, to_save: dict, logs: bool) -> Any:
+    """Checkpoints, the truncation handlers asked for and, where ``logs``, TensorBoard; returns its logger or None."""
+    if args.checkpoint_every > 0:
+        saver = DiskSaver(args.logdir / "checkpoints", require_empty=False)
+        checkpoint = Checkpoint(to_save, saver, n_saved=2, global_step_transform=lambda e, _: e.state.iteration)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=args.checkpoint_every), checkpoint)
+    if args.adaptive:
+        k2_min = args.k1 + 1  # the decay is measured between a window's start and its cut
+        first = min(max(args.k2, k2_min), args.k2_max)
+        every = args.reach or 10
+        AdaptiveTruncation(args.adaptive, k2_min, args.k2_max, every=every, k2=first).attach(trainer)
+    if args.reach:
+        GradientReach(every=args.reach, stride=args.reach_stride).attach(trainer)
+    if not logs:
+        return None
+    hparams = {name: getattr(args, name) for name in ("lr", "batch_size", "seq_len", "hidden", "embedding", "clip")}
+    return attach_tensorboard(
+        trainer, args.logdir, evaluators={"validation": evaluator}, hparams=hparams, reach_picture_every=50
+    )
+
+
 def train_process(args: argparse.Namespace) -> dict:
     """Train as one process of ``args.nproc`` (all of them when 1): its share of the columns, rank 0 logging."""
     if args.threads is not None:
@@ -468,31 +499,12 @@ def train_process(args: argparse.Namespace) -> dict:
             raise SystemExit(f"--resume {args.resume}: {error}") from None
         say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
     args.logdir.mkdir(parents=True, exist_ok=True)
-    if args.checkpoint_every > 0:
-        saver = DiskSaver(args.logdir / "checkpoints", require_empty=False)
-        checkpoint = Checkpoint(to_save, saver, n_saved=2, global_step_transform=lambda e, _: e.state.iteration)
-        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=args.checkpoint_every), checkpoint)
-
-    if args.adaptive:
-        k2_min = args.k1 + 1  # the decay is measured between a window's start and its cut
-        first = min(max(args.k2, k2_min), args.k2_max)
-        every = args.reach or 10
-        AdaptiveTruncation(args.adaptive, k2_min, args.k2_max, every=every, k2=first).attach(trainer)
-    if args.reach:
-        GradientReach(every=args.reach, stride=args.reach_stride).attach(trainer)
-    hparams = {name: getattr(args, name) for name in ("lr", "batch_size", "seq_len", "hidden", "embedding", "clip")}
-    tb_logger = (
-        attach_tensorboard(
-            trainer, args.logdir, evaluators={"validation": evaluator}, hparams=hparams, reach_picture_every=50
-        )
-        if rank0
-        else None
-    )
+    tb_logger = attach_handlers(args, trainer, evaluator, to_save, logs=rank0)
     if progress is not None:
         progress.attach(trainer, output_transform=lambda loss: {"bits/char": loss / LN2})
     # One process: Ctrl-C ends the run at an iteration's end. Several: each would stop at its own iteration, so
     # Ctrl-C stops them all at once.
-    interrupted = stop_on_interrupt(trainer, to_save, args.logdir / "checkpoints", say, enabled=args.nproc == 1)
+    interrupted = StopOnInterrupt(trainer, to_save, args.logdir / "checkpoints", say, enabled=args.nproc == 1)
     try:
         trainer.run(train, max_epochs=args.epochs)
     finally:
@@ -504,7 +516,7 @@ def train_process(args: argparse.Namespace) -> dict:
     return history
 
 
-class stop_on_interrupt:  # noqa: N801 - used as a function
+class StopOnInterrupt:
     """On Ctrl-C, end the run after the current iteration and write a checkpoint there; a second Ctrl-C stops at once.
 
     A checkpoint between two iterations is one ``--resume`` continues exactly from (the interrupted iteration is
