@@ -149,3 +149,72 @@ def test_each_process_keeps_its_columns_and_as_many_batches():
     assert len(part) == len(full) and all(torch.equal(x[:, 1::2], xp) for (x, _), (xp, _) in zip(full, part))
     with pytest.raises(ValueError, match="3 columns cannot be shared among 4 processes"):
         pack_sequences(DOCUMENTS, batch_size=3, length=6, rank=0, world_size=4)
+
+
+MULTINODE = """
+import sys
+
+import ignite.distributed as idist
+import torch
+
+from tests.engine.test_distributed import BATCHES, build
+
+
+def training(local_rank, path):
+    rank, size = idist.get_rank(), idist.get_world_size()
+    model, trainer = build(seed=rank)
+    shard = [(x[:, rank::size], y[:, rank::size]) for x, y in BATCHES]
+    trainer.run(shard, max_epochs=2)
+    if rank == 0:
+        torch.save([p.detach() for p in model.parameters()], path)
+
+
+if __name__ == "__main__":
+    with idist.Parallel(backend="gloo") as parallel:  # the processes, ranks and rendezvous come from torchrun
+        parallel.run(training, sys.argv[1])
+"""
+
+
+def test_two_nodes_under_torchrun_on_one_machine_give_the_result_of_one_process(tmp_path, free_port):
+    # The how-to's commands: two nodes of one process each, their rendezvous on 127.0.0.1.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "multinode.py"
+    script.write_text(MULTINODE)
+    root = Path(__file__).parent.parent.parent
+    nodes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--nproc-per-node",
+                "1",
+                "--node-rank",
+                str(node),
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(free_port),
+                str(script),
+                str(tmp_path / "rank0.pt"),
+            ],
+            cwd=root,
+            env={**os.environ, "PYTHONPATH": str(root)},  # the script imports this test module
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for node in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=180)[0] for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    single, trainer = build(seed=0)
+    trainer.run(BATCHES, max_epochs=2)
+    for p, q in zip(single.parameters(), torch.load(tmp_path / "rank0.pt"), strict=True):
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-9)
