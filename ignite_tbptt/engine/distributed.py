@@ -21,7 +21,15 @@ from __future__ import annotations
 import ignite.distributed as idist
 import torch
 
-__all__ = ["is_distributed", "broadcast_parameters", "all_reduce_gradients", "synchronise", "ProcessesDisagree"]
+__all__ = [
+    "is_distributed",
+    "broadcast_parameters",
+    "all_reduce_gradients",
+    "synchronise",
+    "ProcessesDisagree",
+    "gather_states",
+    "own_state",
+]
 
 
 def is_distributed() -> bool:
@@ -105,3 +113,32 @@ def all_reduce_gradients(parameters: list[torch.Tensor]) -> None:
     for grads in groups.values():
         flat = idist.all_reduce(torch.cat([g.reshape(-1) for g in grads]))
         torch._foreach_copy_(grads, [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)])
+
+
+def gather_states(state: dict) -> list[dict]:
+    """Every process's ``state`` (its stream: its columns' hidden state, history and gradients), in rank order.
+
+    A collective: every process calls it where it saves (ignite's ``Checkpoint`` asks every process for its
+    ``state_dict``, and rank 0 writes it).
+    """
+    states: list = [None] * idist.get_world_size()
+    torch.distributed.all_gather_object(states, state)
+    return states
+
+
+def own_state(state: dict) -> dict:
+    """This process's part of a trainer's saved ``state``, checked against the number of processes.
+
+    Raises:
+        ValueError: if a stream under way was saved by another number of processes than there are now.
+    """
+    processes, world = state.get("processes"), idist.get_world_size()
+    saved = 1 if processes is None else len(processes)
+    under_way = any(s.get("position", 0) > 0 for s in (processes or [state]))
+    if saved != world and under_way:
+        raise ValueError(
+            f"the checkpoint holds the streams of {saved} process{'es' if saved > 1 else ''}, taken mid-epoch, and "
+            f"{world} are resuming it: each process's columns carry their own hidden state and history. Resume with "
+            f"{saved} process{'es' if saved > 1 else ''}, or from a checkpoint taken at an epoch's end."
+        )
+    return state if processes is None or saved != world else processes[idist.get_rank()]

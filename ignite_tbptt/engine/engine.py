@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from ignite.engine import DeterministicEngine, Engine
 
+from . import distributed
 from .checkpoint import check_resume
 from .events import COUNTERS
 
@@ -21,7 +22,8 @@ __all__ = ["TBPTTEngine", "DeterministicTBPTTEngine"]
 class _SavesStream:
     """Adds the TBPTT state to the engine's state dict, as ``DeterministicEngine`` adds its random states.
 
-    The entry is ``"tbptt"``: :meth:`TBPTTStep.state_dict`.
+    The entry is ``"tbptt"``: :meth:`TBPTTStep.state_dict`. In a distributed run it also holds every process's, in
+    ``"processes"`` (each process's columns carry their own stream), and each process resumes its own.
     """
 
     def __init__(self, step: TBPTTStep) -> None:
@@ -33,6 +35,8 @@ class _SavesStream:
         state = super().state_dict()  # type: ignore[misc]
         tbptt = self.tbptt.state_dict()
         tbptt["configuration"] = {**tbptt["configuration"], "deterministic": self._deterministic}
+        if distributed.is_distributed():  # each process's columns have their own stream: rank 0 saves them all
+            tbptt["processes"] = distributed.gather_states(tbptt)
         state["tbptt"] = tbptt
         return state
 
@@ -44,6 +48,8 @@ class _SavesStream:
         # Refused before anything changes if made with another configuration (ignite_tbptt.engine.checkpoint); a trainer
         # listed first in Checkpoint.load_objects' to_load leaves the model and optimizer untouched then too.
         saved = state_dict.get("tbptt", {}).get("configuration")
+        if "tbptt" in state_dict:  # before anything loads: a stream saved by another number of processes
+            distributed.own_state(state_dict["tbptt"])
         if saved is not None:
             given = {**self.tbptt.configuration, "deterministic": self._deterministic}
             length, iteration = state_dict.get("epoch_length"), state_dict.get("iteration", 0)
@@ -54,7 +60,7 @@ class _SavesStream:
         missing = {name: 0 for name in (*COUNTERS, "targets_seen") if name not in state_dict}
         super().load_state_dict({**state_dict, **missing})  # type: ignore[misc]
         if "tbptt" in state_dict:
-            self.tbptt.load_state_dict(state_dict["tbptt"])
+            self.tbptt.load_state_dict(distributed.own_state(state_dict["tbptt"]))
 
 
 class TBPTTEngine(_SavesStream, Engine):

@@ -207,3 +207,14 @@ def test_two_processes_train_the_main_job_as_one(tmp_path):
     # rounding, which Adam compounds over 150 steps (in float64, tests/engine/test_distributed.py agrees to 1e-9).
     assert two["valid_bpc"] == pytest.approx(one["valid_bpc"], abs=5e-3)
     assert two["valid_bpc"][1] < two["valid_bpc"][0] < one["unigram_bpc"]
+
+
+def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninterrupted_one(tmp_path):
+    args = [*STREAM, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--checkpoint-every", "40"]
+    full = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "full")])
+    checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint_120.pt"  # in epoch 2, as on one process
+    assert checkpoint.is_file()
+    resumed = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "on"), "--resume", str(checkpoint)])
+    assert resumed["valid_bpc"] == [full["valid_bpc"][-1]]  # exactly: the same parameters
+    with pytest.raises(SystemExit, match="holds the streams of 2 processes, taken mid-epoch, and 1 are resuming it"):
+        char_lm.main([*args, "--logdir", str(tmp_path / "one"), "--resume", str(checkpoint)])
