@@ -21,19 +21,17 @@ Run::
 from __future__ import annotations
 
 import argparse
-import math
-from typing import Any
 
 import snntorch as snn
 import torch
 from ignite.engine import Events
 from torch import nn
 
-from ignite_tbptt import BitsPerTarget, count_targets, create_tbptt_evaluator, create_tbptt_trainer
+from ignite_tbptt import count_targets, create_tbptt_trainer
 from ignite_tbptt.data import pack_recordings
 from ignite_tbptt.data import prepare_batch as default_prepare_batch
 
-from .vowels import SPEAKERS, cross_entropy, load_vowels, without_memory
+from .vowels import SPEAKERS, compare, cross_entropy, load_vowels, without_memory
 
 __all__ = ["SpikingSpeakerNet", "STATE", "main"]
 
@@ -122,25 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
         f"neurons, membranes in {', '.join(STATE)}; TBPTT(k1={args.k1}, k2={args.k2})",
         flush=True,
     )
-    result: dict[str, Any] = {"chance_bits": math.log2(SPEAKERS), "chance_accuracy": 1 / SPEAKERS}
-    for name, memory in (("memory", True), ("no_memory", False)):
-        model = fit(args, train_set, memory)
-        evaluator = create_tbptt_evaluator(
-            model,
-            {"bits": BitsPerTarget(cross_entropy)},
-            carry_hidden=True,
-            prepare_batch=default_prepare_batch if memory else without_memory,
-            module_state=STATE,
-        )
-        bits = evaluator.run(pack_recordings(test_set, args.batch_size, args.seq_len)).metrics["bits"]
-        accuracy = last_frame_accuracy(model, test_set, memory)
-        result[f"{name}_bits"], result[f"{name}_accuracy"] = bits, accuracy
-        print(
-            f"{name.replace('_', ' ')}: test {bits:.3f} bits per frame, speaker right at the last frame of "
-            f"{accuracy:.1%} of the utterances (chance: {math.log2(SPEAKERS):.2f} bits, {1 / SPEAKERS:.0%})",
-            flush=True,
-        )
-    return result
+    return compare(args, train_set, test_set, fit, last_frame_accuracy, module_state=STATE)
 
 
 if __name__ == "__main__":

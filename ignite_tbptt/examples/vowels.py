@@ -36,7 +36,7 @@ from ignite_tbptt import BitsPerTarget, count_targets, create_tbptt_evaluator, c
 from ignite_tbptt.data import pack_recordings
 from ignite_tbptt.data import prepare_batch as default_prepare_batch
 
-__all__ = ["read_ts", "load_vowels", "SpeakerGRU", "main"]
+__all__ = ["read_ts", "load_vowels", "SpeakerGRU", "compare", "main"]
 
 SPEAKERS = 9
 
@@ -152,6 +152,17 @@ def main(argv: list[str] | None = None) -> dict:
         f"{SPEAKERS} speakers; TBPTT(k1={args.k1}, k2={args.k2})",
         flush=True,
     )
+    return compare(args, train_set, test_set, fit, last_frame_accuracy)
+
+
+def compare(
+    args: argparse.Namespace, train_set: list, test_set: list, fit: Any, accuracy: Any, **evaluator_options: Any
+) -> dict:
+    """Train with ``fit(args, utterances, memory)`` with and without memory; test bits per frame and accuracies.
+
+    ``accuracy(model, utterances, memory)`` is the share named right at the last frame; ``evaluator_options`` go to
+    :func:`~ignite_tbptt.create_tbptt_evaluator` (``module_state``, say).
+    """
     result: dict[str, Any] = {"chance_bits": math.log2(SPEAKERS), "chance_accuracy": 1 / SPEAKERS}
     for name, memory in (("memory", True), ("no_memory", False)):
         model = fit(args, train_set, memory)
@@ -160,13 +171,14 @@ def main(argv: list[str] | None = None) -> dict:
             {"bits": BitsPerTarget(cross_entropy)},  # counts the real frames only
             carry_hidden=True,
             prepare_batch=default_prepare_batch if memory else without_memory,
+            **evaluator_options,
         )
         bits = evaluator.run(pack_recordings(test_set, args.batch_size, args.seq_len)).metrics["bits"]
-        accuracy = last_frame_accuracy(model, test_set, memory)
-        result[f"{name}_bits"], result[f"{name}_accuracy"] = bits, accuracy
+        right = accuracy(model, test_set, memory)
+        result[f"{name}_bits"], result[f"{name}_accuracy"] = bits, right
         print(
             f"{name.replace('_', ' ')}: test {bits:.3f} bits per frame, speaker right at the last frame of "
-            f"{accuracy:.1%} of the utterances (chance: {math.log2(SPEAKERS):.2f} bits, {1 / SPEAKERS:.0%})",
+            f"{right:.1%} of the utterances (chance: {math.log2(SPEAKERS):.2f} bits, {1 / SPEAKERS:.0%})",
             flush=True,
         )
     return result
