@@ -24,14 +24,9 @@ import argparse
 
 import snntorch as snn
 import torch
-from ignite.engine import Events
 from torch import nn
 
-from ignite_tbptt import count_targets, create_tbptt_trainer
-from ignite_tbptt.data import pack_recordings
-from ignite_tbptt.data import prepare_batch as default_prepare_batch
-
-from .vowels import SPEAKERS, compare, cross_entropy, load_vowels, without_memory
+from .vowels import SPEAKERS, compare, load_vowels, train_on
 
 __all__ = ["SpikingSpeakerNet", "STATE", "main"]
 
@@ -73,22 +68,7 @@ class SpikingSpeakerNet(nn.Module):
 def fit(args: argparse.Namespace, utterances: list, memory: bool) -> SpikingSpeakerNet:
     """A network trained on ``utterances``, its membranes carried along each one, or reset at every frame."""
     torch.manual_seed(args.seed)
-    model = SpikingSpeakerNet(hidden=args.hidden)
-    batches = pack_recordings(utterances, args.batch_size, args.seq_len, shuffle=True, seed=args.seed, align=args.k1)
-    trainer = create_tbptt_trainer(
-        model,
-        torch.optim.Adam(model.parameters(), lr=args.lr),
-        cross_entropy,
-        args.k1,
-        args.k2,
-        carry_hidden=True,
-        target_count_fn=lambda y_pred, y: count_targets(y),
-        prepare_batch=default_prepare_batch if memory else without_memory,
-        module_state=STATE,
-    )
-    trainer.add_event_handler(Events.EPOCH_STARTED, lambda engine: batches.set_epoch(engine.state.epoch))
-    trainer.run(batches, max_epochs=args.epochs)
-    return model
+    return train_on(SpikingSpeakerNet(hidden=args.hidden), args, utterances, memory, module_state=STATE)
 
 
 def last_frame_accuracy(model: SpikingSpeakerNet, utterances: list, memory: bool) -> float:

@@ -36,7 +36,7 @@ from ignite_tbptt import BitsPerTarget, count_targets, create_tbptt_evaluator, c
 from ignite_tbptt.data import pack_recordings
 from ignite_tbptt.data import prepare_batch as default_prepare_batch
 
-__all__ = ["read_ts", "load_vowels", "SpeakerGRU", "compare", "main"]
+__all__ = ["read_ts", "load_vowels", "SpeakerGRU", "train_on", "compare", "main"]
 
 SPEAKERS = 9
 
@@ -106,7 +106,11 @@ def without_memory(batch: Any, device: Any, non_blocking: bool) -> tuple:
 def fit(args: argparse.Namespace, utterances: list, memory: bool) -> SpeakerGRU:
     """A model trained on ``utterances``, its state carried along each one, or reset at every frame."""
     torch.manual_seed(args.seed)
-    model = SpeakerGRU(hidden=args.hidden)
+    return train_on(SpeakerGRU(hidden=args.hidden), args, utterances, memory)
+
+
+def train_on(model: nn.Module, args: argparse.Namespace, utterances: list, memory: bool, **options: Any) -> nn.Module:
+    """Train ``model`` on ``utterances`` with TBPTT(``args.k1``, ``args.k2``); ``options`` go to the trainer."""
     # Utterances start on window boundaries (align=k1): no start splits the fused model call of a window.
     batches = pack_recordings(utterances, args.batch_size, args.seq_len, shuffle=True, seed=args.seed, align=args.k1)
     trainer = create_tbptt_trainer(
@@ -118,6 +122,7 @@ def fit(args: argparse.Namespace, utterances: list, memory: bool) -> SpeakerGRU:
         carry_hidden=True,
         target_count_fn=lambda y_pred, y: count_targets(y),  # padding frames do not count in the mean
         prepare_batch=default_prepare_batch if memory else without_memory,
+        **options,
     )
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda engine: batches.set_epoch(engine.state.epoch))
     trainer.run(batches, max_epochs=args.epochs)

@@ -18,7 +18,7 @@ import torch
 from ..planning import SegmentPlan
 from . import hidden as hs
 from . import rng
-from .backward_sweep import Replay, RetainedHistory, Segment
+from .backward_sweep import Replay, Segment
 from .in_place import StateWrittenInPlace
 from .model_call import ModelCall
 from .profiling import NO_CONTEXT, profiled
@@ -63,11 +63,6 @@ class SegmentExecutor:
         self.model_call, self.loss_fn, self.stream = model_call, loss_fn, stream
         self.scaler, self.target_count_fn = scaler, target_count_fn
         self.check_columns: int | None = None  # columns the default reset must handle, checked at the next call
-
-    @property
-    def history(self) -> RetainedHistory:
-        """The stream's retained segments."""
-        return self.stream.history
 
     def run(
         self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool = False
