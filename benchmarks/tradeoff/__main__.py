@@ -1,0 +1,63 @@
+"""``python -m benchmarks.tradeoff``: quality against time under each truncation, on four real tasks.
+
+See :mod:`benchmarks.tradeoff` for what it measures. The full study writes ``docs/data/tradeoff.jsonl``, the page
+``docs/benchmarks-tradeoff.md`` and ``docs/images/tradeoff-TASK.png``; ``--quick`` (two truncations, one rate,
+runs of one second) writes under ``runs/tradeoff-quick/`` unless told otherwise. Runs already in the results
+file are not trained again (a stopped study continues; a finished one is redrawn); ``--fresh`` starts over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarks.tradeoff import INTRO
+from benchmarks.tradeoff.report import page
+from benchmarks.tradeoff.study import plan, read_results, selected, study
+from benchmarks.tradeoff.tasks import TASKS
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.tradeoff", description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    p.add_argument("--seeds", type=int, default=3, help="seeds at the chosen learning rate (default 3)")
+    p.add_argument("--workers", type=int, default=2, help="runs at once, one core each (default 2)")
+    p.add_argument("--quick", action="store_true", help="a smoke test: two truncations, one rate, 1-second runs")
+    p.add_argument("--results", type=Path, help="JSON lines of the runs, read and appended to")
+    p.add_argument("--markdown", type=Path, help="the page to write")
+    p.add_argument("--figures", type=Path, help="the folder of the figures")
+    p.add_argument("--fresh", action="store_true", help="discard the runs in --results and train every run again")
+    p.add_argument("--report-only", action="store_true", help="redraw the page and figures from --results")
+    args = p.parse_args(argv)
+    root = Path("runs/tradeoff-quick") if args.quick else Path("docs")
+    args.results = args.results or root / "data" / "tradeoff.jsonl"
+    args.markdown = args.markdown or root / "benchmarks-tradeoff.md"
+    args.figures = args.figures or root / "images"
+    return args
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Run (or, with ``--report-only``, read) the study; write its page and figures; the runs reported."""
+    args = parse_args(argv)
+    if args.fresh:
+        args.results.unlink(missing_ok=True)
+    if args.report_only:
+        runs = selected(read_results(args.results), plan(args.tasks, args.quick))
+    else:
+        runs = study(args.tasks, args.seeds, args.workers, args.quick, args.results)
+    command = " ".join(["python -m benchmarks.tradeoff", *(argv if argv is not None else sys.argv[1:])])
+    setup = (
+        f"{platform.machine()}, {args.workers} runs at once, one thread each, torch {torch.__version__}; "
+        f"{args.seeds} seeds"
+    )
+    page(runs, args.figures, args.markdown, command, setup, INTRO)
+    print(f"wrote {args.markdown} and {len(args.tasks)} figures in {args.figures}")
+    return runs
+
+
+if __name__ == "__main__":
+    main()

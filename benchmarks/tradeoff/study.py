@@ -1,0 +1,109 @@
+"""The study's plan and its runs: learning rates chosen on a grid by one rule, then more seeds at the one chosen.
+
+Phase 1 trains every truncation of every task at every learning rate of the task's grid with seed 0; the rule
+takes, for each truncation, the rate whose run ends with the lowest validation loss. Phase 2 trains the other
+seeds at that rate. Runs go to a pool of processes, one core each, in a shuffled order (so that no
+truncation always runs beside the same other one), and each result is appended to a JSON-lines file as it
+comes: a study stopped half-way continues where it stopped, and a finished one is redrawn without training.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import random
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from benchmarks.tradeoff.runner import train_run
+from benchmarks.tradeoff.tasks import TASKS
+from benchmarks.tradeoff.truncations import truncations
+
+QUICK_BUDGET = 1.0  # training seconds per run with --quick
+
+
+def key(run: dict) -> tuple:
+    return run["task"], run["truncation"], run["lr"], run["seed"], run["budget"]
+
+
+def read_results(path: Path) -> list[dict]:
+    """The runs already in ``path`` (none if it does not exist)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plan(task_names: list[str], quick: bool) -> list[dict]:
+    """Every (task, truncation, budget) the study runs, with its learning-rate grid."""
+    entries = []
+    for name in task_names:
+        task = TASKS[name]
+        chosen = truncations(task.ks)
+        if quick:  # one k1 = k2 and one k2 > k1 at the same k2, one learning rate
+            chosen = [t for t in chosen if t.name in (f"TBPTT({task.ks[2]}, {task.ks[2]})", chosen[6].name)]
+        lrs = task.lrs[1:2] if quick else task.lrs
+        budget = QUICK_BUDGET if quick else task.budget
+        entries += [{"task": name, "truncation": t.name, "budget": budget, "lrs": lrs} for t in chosen]
+    return entries
+
+
+def chosen_lr(results: list[dict], entry: dict) -> float:
+    """The rule: the grid's rate whose seed-0 run ended with the lowest validation loss (diverged runs last)."""
+    finals = {
+        r["lr"]: r["final_bits"]
+        for r in results
+        if r["seed"] == 0 and (r["task"], r["truncation"], r["budget"]) == (entry["task"], entry["truncation"],
+                                                                              entry["budget"])
+    }  # fmt: skip
+    return min(entry["lrs"], key=lambda lr: finals[lr] if math.isfinite(finals[lr]) else math.inf)
+
+
+def run_all(runs: list[dict], path: Path, workers: int, quick: bool, done: list[dict]) -> list[dict]:
+    """Train ``runs`` not yet in ``done``, appending each result to ``path``; all results."""
+    have = {key(r) for r in done}
+    todo = [r for r in runs if key(r) not in have]
+    random.Random(len(todo)).shuffle(todo)
+    results = list(done)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A fresh process per run (spawned: no state shared with the parent) measures its own memory.
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+        futures = {
+            pool.submit(train_run, r["task"], r["truncation"], r["lr"], r["seed"], r["budget"], quick): r for r in todo
+        }
+        for n, future in enumerate(as_completed(futures), 1):
+            result = future.result()
+            with path.open("a") as f:
+                f.write(json.dumps(result) + "\n")
+            results.append(result)
+            print(
+                f"[{n}/{len(todo)}] {result['task']}, {result['truncation']}, lr {result['lr']:g}, seed "
+                f"{result['seed']}: {result['final_bits']:.3f} after {result['curve'][-1]['seconds']:.1f} s"
+                if result["curve"]
+                else f"[{n}/{len(todo)}] {result['task']}, {result['truncation']}: no evaluation",
+                flush=True,
+            )
+    return results
+
+
+def study(task_names: list[str], seeds: int, workers: int, quick: bool, path: Path) -> list[dict]:
+    """Run both phases (skipping runs already in ``path``); every result of this plan."""
+    entries = plan(task_names, quick)
+    results = read_results(path)
+    grid = [{**e, "lr": lr, "seed": 0} for e in entries for lr in e["lrs"]]
+    results = run_all(grid, path, workers, quick, results)
+    more = [{**e, "lr": chosen_lr(results, e), "seed": s} for e in entries for s in range(1, seeds)]
+    results = run_all(more, path, workers, quick, results)
+    return selected(results, entries)
+
+
+def selected(results: list[dict], entries: list[dict]) -> list[dict]:
+    """The runs the report uses: for each entry, its chosen rate's seeds (the grid's other rates are left out)."""
+    out = []
+    for e in entries:
+        lr = chosen_lr(results, e)
+        out += [r for r in results if key(r)[:3] == (e["task"], e["truncation"], lr) and r["budget"] == e["budget"]]
+    return out

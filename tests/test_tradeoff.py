@@ -1,0 +1,72 @@
+import json
+import math
+import re
+
+import pytest
+
+from benchmarks.tradeoff import __main__ as tradeoff
+from benchmarks.tradeoff.report import compare
+from benchmarks.tradeoff.study import QUICK_BUDGET, chosen_lr
+from benchmarks.tradeoff.truncations import truncations
+from ignite_tbptt import ARTBP, AdaptiveTruncation, RandomWindows
+
+pytestmark = pytest.mark.slow  # trains the quick study
+
+
+def test_truncations_compare_k2_above_k1_at_the_same_k2_and_build_each_source():
+    specs = truncations((10, 25, 50, 100, 200))
+    assert [s.name for s in specs] == [
+        "TBPTT(10, 10)", "TBPTT(25, 25)", "TBPTT(50, 50)", "TBPTT(100, 100)", "TBPTT(200, 200)",
+        "TBPTT(10, 50)", "TBPTT(25, 50)", "TBPTT(25, 100)", "TBPTT(50, 100)",
+        "random, mean 50", "ARTBP, mean 50", "adaptive k2, k1 = 25",
+    ]  # fmt: skip
+    random_windows, artbp, adaptive = (s.build(seed=3) for s in specs[-3:])
+    assert isinstance(random_windows[0], RandomWindows) and random_windows[0].k1 == 50
+    assert isinstance(artbp[0], ARTBP) and artbp[0].grid == 25
+    assert adaptive[:2] == (25, 50) and isinstance(adaptive[2], AdaptiveTruncation)
+    assert (adaptive[2].k2_min, adaptive[2].k2_max) == (26, 200)
+
+
+def test_learning_rate_rule_takes_the_lowest_seed_zero_loss_and_puts_diverged_runs_last():
+    entry = {"task": "t", "truncation": "a", "budget": 5.0, "lrs": (1e-3, 3e-3, 1e-2)}
+
+    def run(lr, bits, seed=0):
+        return {"task": "t", "truncation": "a", "budget": 5.0, "lr": lr, "seed": seed, "final_bits": bits}
+
+    results = [run(1e-3, 2.0), run(3e-3, 1.5), run(1e-2, math.nan), run(1e-3, 0.1, seed=1)]
+    assert chosen_lr(results, entry) == 3e-3  # seed 1's lower loss does not vote; NaN never wins
+
+
+def test_a_difference_is_clear_only_when_the_seeds_ranges_do_not_overlap():
+    a, b = {"mean": 1.0, "low": 0.9, "high": 1.1}, {"mean": 1.3, "low": 1.2, "high": 1.4}
+    assert compare(a, b) == "0.300 lower"
+    assert compare(b, {**a, "high": 1.25}) == "0.300 higher (within the seeds' spread)"
+
+
+def test_quick_study_trains_each_truncation_to_its_budget_and_reports_what_it_measured(tmp_path):
+    results, page = tmp_path / "runs.jsonl", tmp_path / "page.md"
+    argv = ["--quick", "--seeds", "2", "--results", str(results), "--markdown", str(page), "--figures", str(tmp_path)]
+    runs = tradeoff.main(argv)
+    assert {r["task"] for r in runs} == {"python", "folk", "vowels", "digits"}
+    assert len(runs) == 4 * 2 * 2  # two truncations, two seeds each
+    for r in runs:
+        last = r["curve"][-1]
+        assert last["seconds"] >= QUICK_BUDGET  # the run ends only once the budget is spent
+        assert all(a["seconds"] < b["seconds"] for a, b in zip(r["curve"], r["curve"][1:]))
+        if r["task"] in ("python", "folk"):  # full columns, windows ending on batch ends: every step a window
+            k1 = int(re.match(r"TBPTT\((\d+)", r["truncation"]).group(1))
+            assert last["targets"] == last["steps"] * k1 * 12
+    text = page.read_text()
+    for task in ("python", "folk", "vowels", "digits"):
+        assert (tmp_path / f"tradeoff-{task}.png").stat().st_size > 10_000
+    python_runs = [r for r in runs if r["task"] == "python" and r["truncation"] == "TBPTT(50, 50)"]
+    mean = sum(r["final_bits"] for r in python_runs) / 2
+    assert "| TBPTT(50, 50)" in text and f"{mean:.3f} (" in text
+    assert "TBPTT(25, 50) against TBPTT(50, 50): " in text
+
+    # A second call finds every run in the results file: nothing is trained again, the page is redrawn.
+    lines = results.read_text().splitlines()
+    page.unlink()
+    again = tradeoff.main(argv)
+    assert results.read_text().splitlines() == lines and page.read_text() == text
+    assert sorted(json.dumps(r, sort_keys=True) for r in again) == sorted(json.dumps(r, sort_keys=True) for r in runs)
