@@ -5,16 +5,18 @@ standard library (about 1.2 MB), each module a document. The last ``--valid-frac
 held out for validation. The documents are packed into ``--batch-size`` columns with
 :func:`~ignite_tbptt.data.pack_sequences`, longest first, so that the columns end close together: training
 carries the hidden state along a column across batches (``carry_hidden=True``) and resets it where a document
-starts, so that no module's state or gradient runs into the next one. By default every step's loss reaches
-back at least ``k2 - k1`` steps. ``--layout stream`` instead joins the documents into one text cut into
-``--batch-size`` contiguous columns (the classic language-model layout, :func:`~ignite_tbptt.data.stream_batches`);
+starts, so that no module's state or gradient runs into the next one. The default TBPTT(50, 50), Adam 3e-3,
+is the best truncation and rate ``python -m benchmarks.tradeoff`` found for this corpus at about this time
+budget (docs/benchmarks-tradeoff.md); a ``--k2`` above ``--k1`` makes every step's loss reach back at least
+``k2 - k1`` steps. ``--layout stream`` instead joins the documents into one text cut into ``--batch-size``
+contiguous columns (the classic language-model layout, :func:`~ignite_tbptt.data.stream_batches`);
 the default ``--layout auto`` takes it where the documents would fill fewer columns than ``--batch-size``, or
 keep less than 90% of the characters (one large ``--text`` file, or a few of very different lengths).
 
 Run::
 
-    python -m ignite_tbptt.examples.char_lm                 # about 2 minutes on 2 CPU cores
-    python -m ignite_tbptt.examples.char_lm --text a.txt b.txt --k1 50 --k2 100 --epochs 5
+    python -m ignite_tbptt.examples.char_lm                 # about a minute on 2 CPU cores
+    python -m ignite_tbptt.examples.char_lm --text a.txt b.txt --k1 100 --k2 100 --epochs 5
     tensorboard --logdir runs/                              # each run writes to runs/char_lm-DATE-TIME/
 
 It logs each window's training loss (nats per character), gradient norm, learning rate and throughput
@@ -274,7 +276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         f"{AUTO_KEPT * 100:.0f}%% of the characters (one large file, say), then stream",
     )
     p.add_argument("--valid-fraction", type=float, default=0.05, help="tail of the text held out for validation")
-    p.add_argument("--k1", type=int, default=25, help="steps between backward passes (default 25)")
+    p.add_argument("--k1", type=int, default=50, help="steps between backward passes (default 50)")
     p.add_argument("--k2", type=int, default=50, help="steps each backward pass reaches back (default 50)")
     p.add_argument("--batch-size", type=int, default=12, help="parallel columns (default 12)")
     p.add_argument("--seq-len", type=int, default=100, help="steps per batch (default 100)")
