@@ -17,7 +17,8 @@ seed-0 run ends lowest on the validation data; two more seeds then run at that r
 validation loss at the budget (the mean of the seeds, their range in brackets), optimizer steps and training
 targets per second (means), and the largest rise of resident memory over the process ready to train (MiB,
 sampled every millisecond; it includes one-off allocations of the first steps). The curves are the seeds'
-means. A difference is called clear only when the seeds' ranges do not overlap.
+means. A difference is called clear only when the seeds' ranges do not overlap. Seed 0's run, which chose the
+rate, counts in the mean: that favours noisy truncations a little, all alike (each task's grid is at its end).
 
 The truncations, from each task's five window lengths `a < b < c < d < e`: TBPTT(k, k) at each length;
 k2 > k1 at the same k2 (TBPTT(a, c) and TBPTT(b, c) beside TBPTT(c, c), TBPTT(b, d) and TBPTT(c, d) beside

@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"{platform.machine()}, {args.workers} runs at once, one thread each, torch {torch.__version__}; "
         f"{args.seeds} seeds"
     )
-    page(runs, args.figures, args.markdown, command, setup, INTRO)
+    page(runs, read_results(args.results), args.figures, args.markdown, command, setup, INTRO)
     print(f"wrote {args.markdown} and {len(args.tasks)} figures in {args.figures}")
     return runs
 

@@ -161,8 +161,32 @@ def colour(family: str, name: str, siblings: list[str]) -> object:
     return matplotlib.colormaps[PALETTE[family]](shade)
 
 
-def page(runs: list[dict], figures: Path, page_path: Path, command: str, setup: str, intro: str) -> None:
-    """Write the page (tables, findings, figure links) and one figure per task into ``figures``."""
+def grid_table(task: str, rows: dict[str, dict], results: list[dict]) -> str:
+    """The learning-rate grid of one task: each truncation's seed-0 loss at the budget under each rate."""
+    lrs, budget = TASKS[task].lrs, next(iter(rows.values()))["budget"]
+    finals = {
+        (r["truncation"], r["lr"]): r["final_bits"]
+        for r in results
+        if r["task"] == task and r["seed"] == 0 and r["budget"] == budget
+    }
+    body = []
+    for name in ordered(task, rows):
+        cells = []
+        for lr in lrs:
+            bits = finals.get((name, lr))
+            cell = "" if bits is None else f"{bits:.3f}"
+            cells.append(f"**{cell}**" if cell and lr == rows[name]["lr"] else cell)
+        body.append([name, *cells])
+    return markdown_table(["truncation", *(f"lr {lr:g}" for lr in lrs)], body)
+
+
+def page(
+    runs: list[dict], results: list[dict], figures: Path, page_path: Path, command: str, setup: str, intro: str
+) -> None:
+    """Write the page (tables, findings, figure links) and one figure per task into ``figures``.
+
+    ``runs`` are the runs reported (the chosen rates' seeds), ``results`` every run, the grid's other rates too.
+    """
     summary = summarise(runs)
     figures.mkdir(parents=True, exist_ok=True)
     parts = [
@@ -183,6 +207,8 @@ def page(runs: list[dict], figures: Path, page_path: Path, command: str, setup: 
             f"![{task}]({_link(page_path, image)})",
             table(task, rows),
             "\n".join(f"- {line}" for line in findings(task, rows)),
+            f"The learning-rate grid: seed 0's validation {TASKS[task].unit} at the budget, the chosen rate in bold.",
+            grid_table(task, rows, results),
         ]
     page_path.parent.mkdir(parents=True, exist_ok=True)
     page_path.write_text("\n\n".join(parts) + "\n")
