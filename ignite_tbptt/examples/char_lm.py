@@ -246,7 +246,7 @@ def truncation_options(p: argparse.ArgumentParser) -> None:
         type=float,
         metavar="DELTA",
         help="let k2 follow the measured gradient decay (AdaptiveTruncation), keeping the estimated truncation\n"
-        "bias under DELTA; k2 starts at --k2 and stays in (k1, --k2-max] (TensorBoard: train/k2)",
+        "bias under DELTA; k2 starts at --k2 (at least k1 + 1) and stays in (k1, --k2-max] (TensorBoard: train/k2)",
     )
     p.add_argument("--k2-max", type=int, default=200, help="with --adaptive: the longest k2 (default 200)")
     p.add_argument(
@@ -526,18 +526,25 @@ class StopOnInterrupt:
     """
 
     def __init__(self, trainer: Any, to_save: dict, folder: Path, say: Any, enabled: bool = True) -> None:
-        self.trainer, self.checkpoint = trainer, None
+        self.trainer, self.checkpoint, self.requested = trainer, None, False
         self.previous = signal.getsignal(signal.SIGINT)
         self.saver = Checkpoint(to_save, DiskSaver(folder, require_empty=False), filename_prefix="interrupted")
         self.say = say
         trainer.add_event_handler(Events.TERMINATE, self._save)
+        # ignite clears a terminate request when run() starts: one made before then is made again at STARTED.
+        trainer.add_event_handler(Events.STARTED, self._terminate_if_requested)
         self.installed = enabled and threading.current_thread() is threading.main_thread()  # signals: main thread
         if self.installed:
             signal.signal(signal.SIGINT, self._interrupt)
 
     def _interrupt(self, signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, self.previous)  # the next Ctrl-C is an immediate KeyboardInterrupt
+        self.requested = True
         self.trainer.terminate()
+
+    def _terminate_if_requested(self, engine: Any) -> None:
+        if self.requested:
+            engine.terminate()
 
     def _save(self, engine: Any) -> None:
         self.saver(engine)

@@ -199,6 +199,25 @@ def test_ctrl_c_stops_the_main_job_within_seconds_every_time_with_a_checkpoint_t
     assert resumed["interrupted"] is None
 
 
+def test_a_ctrl_c_before_training_starts_still_stops_the_run_with_a_checkpoint(tmp_path):
+    # ignite clears a terminate request when run() starts: a Ctrl-C between the handler's installation and the
+    # first epoch used to be lost, and the job trained to the end.
+    from ignite.engine import Engine
+
+    trainer = Engine(lambda engine, batch: batch)
+    said = []
+    interrupted = char_lm.StopOnInterrupt(trainer, {"trainer": trainer}, tmp_path, said.append)
+    try:
+        interrupted._interrupt(2, None)  # what the SIGINT handler runs, before run() is called
+        trainer.run(range(10), max_epochs=3)
+    finally:
+        interrupted.restore()
+    assert trainer.state.iteration == 0 and trainer.state.epoch == 0
+    assert Path(interrupted.checkpoint).is_file() and said == [
+        f"interrupted at iteration 0: --resume {interrupted.checkpoint} continues from there"
+    ]
+
+
 def test_two_processes_train_the_main_job_as_one(tmp_path):
     args = [*STREAM, "--k1", "10", "--k2", "20", "--epochs", "2", "--no-progress", "--checkpoint-every", "0"]
     one = char_lm.main([*args, "--logdir", str(tmp_path / "one")])
