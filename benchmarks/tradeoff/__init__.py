@@ -5,7 +5,8 @@
 fixed budget of training seconds on one core, and evaluates on held-out data six times along the way; the
 truncations (:mod:`benchmarks.tradeoff.truncations`) and tasks (:mod:`benchmarks.tradeoff.tasks`) are listed
 there. Each truncation gets its learning rate from the task's grid of three by one rule (the lowest validation
-loss at the budget with seed 0), then two more seeds at that rate (:mod:`benchmarks.tradeoff.study`). The
+loss at the budget with seed 0), then three fresh seeds at that rate, which the page reports
+(:mod:`benchmarks.tradeoff.study`). The
 page and figures are drawn from the results file alone (:mod:`benchmarks.tradeoff.report`).
 """
 
@@ -13,12 +14,14 @@ INTRO = """\
 Each run trains one task's model under one truncation for a fixed budget of training seconds (evaluation is
 not counted), with Adam and gradient clipping at norm 1, `carry_hidden=True`, two runs at once on the two
 cores, one thread each. Its learning rate is chosen per truncation from the task's grid of three: the one whose
-seed-0 run ends lowest on the validation data; two more seeds then run at that rate. The tables give the
-validation loss at the budget (the mean of the seeds, their range in brackets), optimizer steps and training
-targets per second (means), and the largest rise of resident memory over the process ready to train (MiB,
-sampled every millisecond; it includes one-off allocations of the first steps). The curves are the seeds'
-means. A difference is called clear only when the seeds' ranges do not overlap. Seed 0's run, which chose the
-rate, counts in the mean: that favours noisy truncations a little, all alike (each task's grid is at its end).
+seed-0 run ends lowest on the validation data (each task's grid table follows its findings). Fresh seeds then
+run at that rate, and only they are reported: seed 0, the lowest of three, would favour the truncations
+whose results vary most. The tables give the validation loss at the budget (the mean of the seeds, their range
+in brackets), optimizer steps and training targets per second (means), and the largest rise of resident memory
+over the process ready to train (MiB, sampled every millisecond; it includes one-off allocations of the first
+steps). The curves are the seeds' means; the first evaluations of the slower truncations lie above the plots,
+whose height is set by the lowest nine tenths of the points. A difference is called clear only when the seeds'
+ranges do not overlap.
 
 The truncations, from each task's five window lengths `a < b < c < d < e`: TBPTT(k, k) at each length;
 k2 > k1 at the same k2 (TBPTT(a, c) and TBPTT(b, c) beside TBPTT(c, c), TBPTT(b, d) and TBPTT(c, d) beside

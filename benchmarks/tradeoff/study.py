@@ -1,9 +1,10 @@
 """The study's plan and its runs: learning rates chosen on a grid by one rule, then more seeds at the one chosen.
 
 Phase 1 trains every truncation of every task at every learning rate of the task's grid with seed 0; the rule
-takes, for each truncation, the rate whose run ends with the lowest validation loss. Phase 2 trains the other
-seeds at that rate. Runs go to a pool of processes, one core each, in a shuffled order (so that no
-truncation always runs beside the same other one), and each result is appended to a JSON-lines file as it
+takes, for each truncation, the rate whose run ends with the lowest validation loss. Phase 2 trains seeds 1 to
+``seeds`` at that rate, and only those are reported: seed 0's run, picked as the lowest of three, would favour
+the truncations whose results vary most. Runs go to a pool of processes, one core each, in a shuffled order
+(so that no truncation always runs beside the same other one), and each result is appended to a JSON-lines file as it
 comes: a study stopped half-way continues where it stopped, and a finished one is redrawn without training.
 """
 
@@ -25,6 +26,7 @@ QUICK_BUDGET = 1.0  # training seconds per run with --quick
 
 
 def key(run: dict) -> tuple:
+    """What identifies a run in the results file: task, truncation, rate, seed and budget."""
     return run["task"], run["truncation"], run["lr"], run["seed"], run["budget"]
 
 
@@ -49,14 +51,20 @@ def plan(task_names: list[str], quick: bool) -> list[dict]:
     return entries
 
 
-def chosen_lr(results: list[dict], entry: dict) -> float:
-    """The rule: the grid's rate whose seed-0 run ended with the lowest validation loss (diverged runs last)."""
+def chosen_lr(results: list[dict], entry: dict) -> float | None:
+    """The rule: the grid's rate whose seed-0 run ended with the lowest validation loss (diverged runs last).
+
+    Returns:
+        The rate, or None while a rate of the grid has no seed-0 run in ``results``.
+    """
     finals = {
         r["lr"]: r["final_bits"]
         for r in results
         if r["seed"] == 0 and (r["task"], r["truncation"], r["budget"]) == (entry["task"], entry["truncation"],
                                                                               entry["budget"])
     }  # fmt: skip
+    if any(lr not in finals for lr in entry["lrs"]):
+        return None
     return min(entry["lrs"], key=lambda lr: finals[lr] if math.isfinite(finals[lr]) else math.inf)
 
 
@@ -90,20 +98,24 @@ def run_all(runs: list[dict], path: Path, workers: int, quick: bool, done: list[
 
 
 def study(task_names: list[str], seeds: int, workers: int, quick: bool, path: Path) -> list[dict]:
-    """Run both phases (skipping runs already in ``path``); every result of this plan."""
+    """Run both phases (skipping runs already in ``path``); the runs reported (:func:`selected`)."""
     entries = plan(task_names, quick)
     results = read_results(path)
     grid = [{**e, "lr": lr, "seed": 0} for e in entries for lr in e["lrs"]]
     results = run_all(grid, path, workers, quick, results)
-    more = [{**e, "lr": chosen_lr(results, e), "seed": s} for e in entries for s in range(1, seeds)]
+    more = [{**e, "lr": chosen_lr(results, e), "seed": s} for e in entries for s in range(1, seeds + 1)]
     results = run_all(more, path, workers, quick, results)
-    return selected(results, entries)
+    return selected(results, entries, seeds)
 
 
-def selected(results: list[dict], entries: list[dict]) -> list[dict]:
-    """The runs the report uses: for each entry, its chosen rate's seeds (the grid's other rates are left out)."""
+def selected(results: list[dict], entries: list[dict], seeds: int) -> list[dict]:
+    """The runs the report uses: for each entry, seeds 1 to ``seeds`` at its chosen rate (none while unchosen)."""
     out = []
     for e in entries:
         lr = chosen_lr(results, e)
-        out += [r for r in results if key(r)[:3] == (e["task"], e["truncation"], lr) and r["budget"] == e["budget"]]
+        out += [
+            r
+            for r in results
+            if key(r)[:3] == (e["task"], e["truncation"], lr) and r["budget"] == e["budget"] and 1 <= r["seed"] <= seeds
+        ]
     return out
