@@ -185,7 +185,14 @@ def page(
 ) -> None:
     """Write the page (tables, findings, figure links) and one figure per task into ``figures``.
 
-    ``runs`` are the runs reported (the chosen rates' seeds), ``results`` every run, the grid's other rates too.
+    Args:
+        runs: the runs reported: the fresh seeds at each truncation's chosen rate.
+        results: every run, the grid's other rates too (for the grid tables).
+        figures: the folder of the figures, ``tradeoff-TASK.png``.
+        page_path: the markdown page to write; it links the figures relative to its folder.
+        command: the command line that made the page, as the page states it.
+        setup: the machine and settings, one line.
+        intro: the text under the title.
     """
     summary = summarise(runs)
     figures.mkdir(parents=True, exist_ok=True)

@@ -59,18 +59,36 @@ class TrainingClock:
         self.spent, self.since = 0.0, None
 
     def start(self) -> None:
+        """Start, or resume after a pause."""
         self.since = time.perf_counter()
 
     def pause(self) -> None:
+        """Stop counting until the next ``start``."""
         self.spent += time.perf_counter() - self.since
         self.since = None
 
     def seconds(self) -> float:
+        """Seconds counted so far."""
         return self.spent + (time.perf_counter() - self.since if self.since is not None else 0.0)
 
 
 def train_run(task: str, truncation: str, lr: float, seed: int, budget: float, quick: bool, evaluations: int = 6):
-    """Train ``task`` under ``truncation`` for ``budget`` seconds; its validation curve and costs, as a dict."""
+    """Train ``task`` under ``truncation`` for ``budget`` training seconds, in this process, on one thread.
+
+    Args:
+        task: a name of :data:`~benchmarks.tradeoff.tasks.TASKS`.
+        truncation: the name of one of the task's truncations (:func:`~benchmarks.tradeoff.truncations.truncations`).
+        lr: Adam's learning rate.
+        seed: seeds torch's generator (the model's initial weights) and the window sources' draws.
+        budget: training seconds, evaluation not counted.
+        quick: the task's small configuration.
+        evaluations: how many times to evaluate, every ``budget / evaluations`` seconds.
+
+    Returns:
+        The run as a JSON-ready dict: its arguments, ``curve`` (one entry per evaluation: training seconds, validation
+        bits per target, optimizer steps, training targets, epoch), ``final_bits`` (the last evaluation's),
+        ``windows``, ``peak_mib`` (MiB over the process ready to train) and the task's reference level.
+    """
     torch.set_num_threads(1)  # the study runs several at once, one core each
     torch.manual_seed(seed)
     with contextlib.redirect_stdout(io.StringIO()):  # the examples' loaders announce their data

@@ -44,7 +44,15 @@ class Truncation:
     grid: int = 0
 
     def build(self, seed: int) -> tuple[Any, int | None, Any]:
-        """``(k1 or window source, k2, handler to attach or None)`` for ``create_tbptt_trainer``."""
+        """The trainer's arguments for one run.
+
+        Args:
+            seed: seeds the random draws of random windows and ARTBP.
+
+        Returns:
+            ``(k1 or window source, k2 or None, handler to attach or None)``: the first two go to
+            ``create_tbptt_trainer`` as its ``k1`` and ``k2``, the handler (adaptive k2's) is attached to it.
+        """
         if self.family == "random":
             return RandomWindows(self.k1, self.k2, std=max(1.0, self.k1 / 10), min_length=1, seed=seed), None, None
         if self.family == "unbiased":

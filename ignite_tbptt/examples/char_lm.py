@@ -6,10 +6,11 @@ held out for validation. The documents are packed into ``--batch-size`` columns 
 :func:`~ignite_tbptt.data.pack_sequences`, longest first, so that the columns end close together: training
 carries the hidden state along a column across batches (``carry_hidden=True``) and resets it where a document
 starts, so that no module's state or gradient runs into the next one. The default TBPTT(50, 50), Adam 3e-3,
-is the best truncation and rate ``python -m benchmarks.tradeoff`` found for this corpus at about this time
-budget (docs/benchmarks-tradeoff.md); a ``--k2`` above ``--k1`` makes every step's loss reach back at least
-``k2 - k1`` steps. ``--layout stream`` instead joins the documents into one text cut into ``--batch-size``
-contiguous columns (the classic language-model layout, :func:`~ignite_tbptt.data.stream_batches`);
+did best in ``python -m benchmarks.tradeoff`` on this corpus at about this time budget
+(docs/benchmarks-tradeoff.md: ahead of TBPTT(100, 100) within the seeds' spread, clearly ahead of
+TBPTT(25, 50)); a ``--k2`` above ``--k1`` makes every step's loss reach back at least ``k2 - k1`` steps.
+``--layout stream`` instead joins the documents into one text cut into ``--batch-size`` contiguous columns
+(the classic language-model layout, :func:`~ignite_tbptt.data.stream_batches`);
 the default ``--layout auto`` takes it where the documents would fill fewer columns than ``--batch-size``, or
 keep less than 90% of the characters (one large ``--text`` file, or a few of very different lengths).
 
