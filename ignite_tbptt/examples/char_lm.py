@@ -470,13 +470,25 @@ def attach_handlers(args: argparse.Namespace, trainer: Any, evaluator: Any, to_s
 
 def train_process(args: argparse.Namespace) -> dict:
     """Train as one process of ``args.nproc`` (all of them when 1): its share of the columns, rank 0 logging."""
+    # One process: Ctrl-C ends the run at an iteration's end. Several: each would stop at its own iteration, so
+    # Ctrl-C stops them all at once. Caught from here on, a Ctrl-C during the set-up is recorded rather than raised
+    # inside a library, which could swallow the KeyboardInterrupt.
+    interrupted = StopOnInterrupt(enabled=args.nproc == 1)
+    try:
+        return train(args, interrupted)
+    finally:
+        interrupted.restore()
+
+
+def train(args: argparse.Namespace, interrupted: StopOnInterrupt) -> dict:
+    """Load the data, build the model and trainer, and train; ``interrupted`` is attached before training starts."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     elif args.nproc > 1:  # the processes share the cores
         torch.set_num_threads(max(1, torch.get_num_threads() // args.nproc))
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
-    vocab, train, valid, unigram = load_data(args)
+    vocab, train_batches, valid, unigram = load_data(args)
     model, optimizer, trainer, evaluator = build(args, len(vocab), device)
 
     history: dict = {"unigram_bpc": unigram, "valid_bpc": [], "train_bpc": []}
@@ -496,22 +508,15 @@ def train_process(args: argparse.Namespace) -> dict:
 
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
     if args.resume:
-        try:  # a checkpoint of another configuration is refused before anything loads (ignite_tbptt.load_checkpoint)
-            Checkpoint.load_objects(to_save, load_checkpoint(args.resume, device))
-        except ValueError as error:
-            raise SystemExit(f"--resume {args.resume}: {error}") from None
-        say(f"resuming from {args.resume} at iteration {trainer.state.iteration}")
+        resume(args, to_save, device, say)
     args.logdir.mkdir(parents=True, exist_ok=True)
     tb_logger = attach_handlers(args, trainer, evaluator, to_save, logs=rank0)
     if progress is not None:
         progress.attach(trainer, output_transform=lambda loss: {"bits/char": loss / LN2})
-    # One process: Ctrl-C ends the run at an iteration's end. Several: each would stop at its own iteration, so
-    # Ctrl-C stops them all at once.
-    interrupted = StopOnInterrupt(trainer, to_save, args.logdir / "checkpoints", say, enabled=args.nproc == 1)
+    interrupted.attach(trainer, to_save, args.logdir / "checkpoints", say)
     try:
-        trainer.run(train, max_epochs=args.epochs)
+        trainer.run(train_batches, max_epochs=args.epochs)
     finally:
-        interrupted.restore()
         if tb_logger is not None:
             tb_logger.close()
     history["logdir"] = str(args.logdir)
@@ -519,29 +524,60 @@ def train_process(args: argparse.Namespace) -> dict:
     return history
 
 
+def resume(args: argparse.Namespace, to_save: dict, device: Any, say: Any) -> None:
+    """Load ``args.resume`` into ``to_save``.
+
+    Raises:
+        SystemExit: if the checkpoint holds another configuration (refused before anything loads, by
+            :func:`ignite_tbptt.load_checkpoint`), or more epochs done than ``--epochs``.
+    """
+    try:
+        Checkpoint.load_objects(to_save, load_checkpoint(args.resume, device))
+    except ValueError as error:
+        raise SystemExit(f"--resume {args.resume}: {error}") from None
+    state = to_save["trainer"].state
+    if state.epoch > args.epochs:
+        raise SystemExit(
+            f"--resume {args.resume}: the checkpoint has {state.epoch} epochs done, more than --epochs {args.epochs}; "
+            f"pass --epochs {state.epoch} or more."
+        )
+    say(f"resuming from {args.resume} at iteration {state.iteration}")
+
+
 class StopOnInterrupt:
     """On Ctrl-C, end the run after the current iteration and write a checkpoint there; a second Ctrl-C stops at once.
 
-    A checkpoint between two iterations is one ``--resume`` continues exactly from (the interrupted iteration is
+    Created before the set-up, it records a Ctrl-C from then on; :meth:`attach` it to the trainer before
+    ``run()``. A Ctrl-C during the set-up then ends the run as it starts, with a checkpoint of iteration 0. A
+    checkpoint between two iterations is one ``--resume`` continues exactly from (the interrupted iteration is
     finished first: at the default sizes well under a second).
+
+    Args:
+        enabled: whether to take Ctrl-C at all (only the main thread can).
     """
 
-    def __init__(self, trainer: Any, to_save: dict, folder: Path, say: Any, enabled: bool = True) -> None:
-        self.trainer, self.checkpoint, self.requested = trainer, None, False
+    def __init__(self, enabled: bool = True) -> None:
+        self.trainer: Any = None
+        self.checkpoint: str | None = None
+        self.requested = False
         self.previous = signal.getsignal(signal.SIGINT)
-        self.saver = Checkpoint(to_save, DiskSaver(folder, require_empty=False), filename_prefix="interrupted")
-        self.say = say
-        trainer.add_event_handler(Events.TERMINATE, self._save)
-        # ignite clears a terminate request when run() starts: one made before then is made again at STARTED.
-        trainer.add_event_handler(Events.STARTED, self._terminate_if_requested)
         self.installed = enabled and threading.current_thread() is threading.main_thread()  # signals: main thread
         if self.installed:
             signal.signal(signal.SIGINT, self._interrupt)
 
+    def attach(self, trainer: Any, to_save: dict, folder: Path, say: Any) -> None:
+        """Stop ``trainer`` on Ctrl-C, saving ``to_save`` into ``folder`` and telling ``say`` how to resume."""
+        self.trainer, self.say = trainer, say
+        self.saver = Checkpoint(to_save, DiskSaver(folder, require_empty=False), filename_prefix="interrupted")
+        trainer.add_event_handler(Events.TERMINATE, self._save)
+        # ignite clears a terminate request when run() starts: one made before then is made again at STARTED.
+        trainer.add_event_handler(Events.STARTED, self._terminate_if_requested)
+
     def _interrupt(self, signum: int, frame: Any) -> None:
         signal.signal(signal.SIGINT, self.previous)  # the next Ctrl-C is an immediate KeyboardInterrupt
         self.requested = True
-        self.trainer.terminate()
+        if self.trainer is not None:
+            self.trainer.terminate()
 
     def _terminate_if_requested(self, engine: Any) -> None:
         if self.requested:
