@@ -1,5 +1,6 @@
 import json
 import math
+import os
 import re
 
 import pytest
@@ -60,7 +61,9 @@ def test_the_training_clock_stops_while_paused(monkeypatch):
 def test_quick_study_trains_each_truncation_to_its_budget_and_reports_what_it_measured(tmp_path):
     results, page = tmp_path / "runs.jsonl", tmp_path / "page.md"
     argv = ["--quick", "--seeds", "1", "--results", str(results), "--markdown", str(page), "--figures", str(tmp_path)]
+    malloc = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     runs = tradeoff.main(argv)
+    assert os.environ.get("MALLOC_MMAP_THRESHOLD_") == malloc  # the runs' setting does not leak into this process
     assert {r["task"] for r in runs} == {"python", "folk", "vowels", "digits"}
     assert len(runs) == 4 * 2 and {r["seed"] for r in runs} == {1}  # seed 0 chose the rate and is not reported
     assert len(results.read_text().splitlines()) == 4 * 2 * 2

@@ -75,8 +75,20 @@ def run_all(runs: list[dict], path: Path, workers: int, quick: bool, done: list[
     random.Random(len(todo)).shuffle(todo)
     results = list(done)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # A fresh process per run (spawned: no state shared with the parent) measures its own memory.
+    # A fresh process per run (spawned: no state shared with the parent) measures its own memory; the setting
+    # reaches the runs' processes only, for as long as the pool starts them.
+    previous = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    try:
+        return _run_in_pool(todo, path, workers, quick, results)
+    finally:
+        if previous is None:
+            del os.environ["MALLOC_MMAP_THRESHOLD_"]
+        else:
+            os.environ["MALLOC_MMAP_THRESHOLD_"] = previous
+
+
+def _run_in_pool(todo: list[dict], path: Path, workers: int, quick: bool, results: list[dict]) -> list[dict]:
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
         futures = {

@@ -162,16 +162,18 @@ def test_the_main_job_trains_with_unbiased_truncation(tmp_path, capsys):
 
 
 def test_ctrl_c_stops_the_main_job_within_seconds_every_time_with_a_checkpoint_to_resume(tmp_path):
-    # Ten interrupts at random moments, from start-up to training: each run ends within 5 s of its Ctrl-C. Once the
-    # job runs, it says so in one line and exits with 130; during Python's own start-up (importing torch), Python's
-    # KeyboardInterrupt ends it.
+    # Ten interrupts at random moments, from the set-up to training: each run ends within 5 s of its Ctrl-C, says so
+    # in one line and exits with 130. The moments count from the job's first line (its data), printed once the job
+    # has taken Ctrl-C over: before, while Python imports torch and the other libraries, a Ctrl-C is Python's own
+    # KeyboardInterrupt, which an import can swallow (seen once at 1.25 s from start in a full test run; not
+    # reproduced alone).
     import random
     import signal
     import time
 
-    moments = random.Random(0).sample([x / 4 for x in range(4, 32)], 10)  # 1 to 8 s after start
+    moments = random.Random(0).sample([x / 16 for x in range(4, 32)], 10)  # 0.25 to 2 s after the first line
     args = [*STREAM, "--epochs", "40", "--no-progress", "--checkpoint-every", "0"]  # runs far past 8 s
-    checkpoints, clean = [], 0
+    checkpoints = []
     for i, moment in enumerate(moments):
         logdir = tmp_path / f"run{i}"
         job = subprocess.Popen(
@@ -180,18 +182,17 @@ def test_ctrl_c_stops_the_main_job_within_seconds_every_time_with_a_checkpoint_t
             stderr=subprocess.PIPE,
             text=True,
         )
+        first = job.stdout.readline()  # the data line: load_data runs inside the job's Ctrl-C handling
         time.sleep(moment)
         job.send_signal(signal.SIGINT)
         sent = time.monotonic()
         out, err = job.communicate(timeout=30)
+        out = first + out
         assert time.monotonic() - sent < 5, (moment, out, err)
-        assert job.returncode in (130, -signal.SIGINT), (moment, out, err)
-        if job.returncode == 130:
-            assert "Traceback" not in err and ("interrupted" in err or "interrupted at iteration" in out), (out, err)
-            clean += 1
+        assert job.returncode == 130 and "Traceback" not in err, (moment, out, err)
+        assert "interrupted at iteration" in out, (moment, out, err)  # in the set-up too: the run ends as it starts
         checkpoints += list(logdir.glob("checkpoints/interrupted_*.pt"))
-    assert clean >= 5  # most moments fall after start-up
-    assert checkpoints  # interrupts during training leave a checkpoint; resuming one goes on
+    assert len(checkpoints) == len(moments)  # each Ctrl-C leaves a checkpoint; resuming one goes on
     last = str(checkpoints[-1])
     state = torch.load(last, weights_only=True)["trainer"]
     done = state["iteration"] // state["epoch_length"]  # epochs completed: --epochs must be at least that
