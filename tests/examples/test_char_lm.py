@@ -165,8 +165,8 @@ def test_ctrl_c_stops_the_main_job_within_seconds_every_time_with_a_checkpoint_t
     # Ten interrupts at random moments, from the set-up to training: each run ends within 5 s of its Ctrl-C, says so
     # in one line and exits with 130. The moments count from the job's first line (its data), printed once the job
     # has taken Ctrl-C over: before, while Python imports torch and the other libraries, a Ctrl-C is Python's own
-    # KeyboardInterrupt, which an import can swallow (seen once at 1.25 s from start in a full test run; not
-    # reproduced alone).
+    # KeyboardInterrupt, which an import can swallow (seen at 1.25 s from start in three full test runs in a row;
+    # not reproduced alone).
     import random
     import signal
     import time
