@@ -11,24 +11,18 @@ from __future__ import annotations
 
 import contextlib
 import io
-import os
 import threading
 import time
 
 import torch
 from ignite.engine import Events
 
+from benchmarks.memory import current_mib
 from benchmarks.tradeoff.tasks import TASKS
 from benchmarks.tradeoff.truncations import truncations
 from ignite_tbptt import BitsPerTarget, GradientClipping, count_targets, create_tbptt_evaluator, create_tbptt_trainer
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-
-
-def resident_mib() -> float:
-    """This process's resident set, MiB."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE / 2**20
+CPU = torch.device("cpu")
 
 
 class PeakMemory:
@@ -43,7 +37,7 @@ class PeakMemory:
     def _sample(self) -> None:
         while not self.done.wait(self.interval):
             if self.on:
-                self.peak = max(self.peak, resident_mib())
+                self.peak = max(self.peak, current_mib(CPU))
 
     def stop(self) -> float:
         """Stop sampling; the peak, MiB."""
@@ -140,7 +134,7 @@ def train_run(task: str, truncation: str, lr: float, seed: int, budget: float, q
         memory.on = True
         clock.start()
 
-    base = resident_mib()
+    base = current_mib(CPU)
     memory.peak = base
     memory.on = True
     clock.start()
