@@ -80,6 +80,16 @@ class OptimizerStep:
         self.windows += 1
         return self.windows == self.accumulation
 
+    def synchronise(self, position: tuple[int, ...], targets: int) -> int:
+        """:func:`~ignite_tbptt.engine.distributed.synchronise` on the parameters' device; the summed target count.
+
+        Raises:
+            ProcessesDisagree: if another process reports another ``position``.
+        """
+        params = self.parameters()
+        device = params[0].device if params else torch.device("cpu")
+        return distributed.synchronise(position, targets, device)
+
     def prepare(self, position: tuple[int, int, int, int, int]) -> int:
         """Make the accumulated gradients final: summed over processes, unscaled, divided and checked.
 
@@ -101,11 +111,9 @@ class OptimizerStep:
         where = (position[4], position[3], position[2])  # the step, its window and iteration
         self.reset()
         if self.distributed:  # every process must be at the same step: checked with the target counts
-            params = self.parameters()
-            device = params[0].device if params else torch.device("cpu")
-            targets = distributed.synchronise((distributed.STEP, *position), targets, device)
+            targets = self.synchronise((distributed.STEP, *position), targets)
             if targets:
-                distributed.all_reduce_gradients(params)
+                distributed.all_reduce_gradients(self.parameters())
         if not targets:
             return 0
         divisor = 1 if backward_mean else targets

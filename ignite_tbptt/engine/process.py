@@ -232,10 +232,8 @@ class TBPTTStep:
         ended = self.loop.stream.position > 0  # the first call of the epoch: the second finds the stream reset
         self.loop.end_stream()
         if ended and self.optimizer_step.distributed:  # a process with fewer batches is found here at the latest
-            params = self.parameters()
-            device = params[0].device if params else torch.device("cpu")
             position = _EngineListener(engine, self).position()
-            distributed.synchronise((distributed.EPOCH_END, *position[:-1], engine.state.optimizer_step), 0, device)
+            self.optimizer_step.synchronise((distributed.EPOCH_END, *position[:-1], engine.state.optimizer_step), 0)
 
     def _raise_if_failed(self) -> None:
         if self.loop.failed is not None:
