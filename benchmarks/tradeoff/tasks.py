@@ -109,18 +109,14 @@ def folk_tunes(max_chars: int = 1_200_000) -> str:
 
 def folk(quick: bool) -> Problem:
     """The folk tunes as one stream in 12 columns, the last 5% held out; the main job's model."""
-    text = folk_tunes(60_000 if quick else 1_200_000)
-    split = int(len(text) * 0.95)
-    vocab = char_lm.Vocabulary(text[:split])
-    train = stream_batches(vocab.encode(text[:split]), 12, 100)
-    valid = stream_batches(vocab.encode(text[split:]), 8, 100)
+    vocab, train, valid, unigram = char_lm.held_out_text(folk_tunes(60_000 if quick else 1_200_000), 0.05)
     hidden = 32 if quick else 256
     return Problem(
-        train,
-        valid,
+        stream_batches(train, 12, 100),
+        stream_batches(valid, 8, 100),
         lambda: char_lm.CharLSTM(len(vocab), 64, hidden),
         char_lm.cross_entropy,
-        vocab.unigram_bpc(text[split:]),
+        unigram,
         "unigram",
     )
 

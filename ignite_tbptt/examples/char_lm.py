@@ -71,6 +71,7 @@ __all__ = [
     "stdlib_documents",
     "stdlib_corpus",
     "held_out_corpus",
+    "held_out_text",
     "batch_major",
     "Vocabulary",
     "CharLSTM",
@@ -221,10 +222,18 @@ def held_out_corpus(max_chars: int, fraction: float = 0.1) -> tuple[Vocabulary, 
     """The first ``max_chars`` of the default corpus, its last ``fraction`` held out, for the other examples.
 
     Returns:
+        As :func:`held_out_text`.
+    """
+    return held_out_text(stdlib_corpus()[:max_chars], fraction)
+
+
+def held_out_text(text: str, fraction: float) -> tuple[Vocabulary, torch.Tensor, torch.Tensor, float]:
+    """``text`` with its last ``fraction`` held out.
+
+    Returns:
         The training text's vocabulary, the training and the held-out tokens, and the held-out text's unigram bits
         per character.
     """
-    text = stdlib_corpus()[:max_chars]
     split = int(len(text) * (1 - fraction))
     vocab = Vocabulary(text[:split])
     return vocab, vocab.encode(text[:split]), vocab.encode(text[split:]), vocab.unigram_bpc(text[split:])
