@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from ignite.utils import convert_tensor
 
+from ..layout import Layout
+
 __all__ = [
     "prepare_batch",
     "split_batch",
@@ -60,20 +62,21 @@ def split_batch(prepared: Any) -> tuple[Any, Any, Any]:
     raise TypeError(f"prepare_batch must return (x, y) or (x, y, starts), got {type(prepared).__name__}.")
 
 
-def check_pair(x: Any, y: Any, time_dim: int) -> int:
-    """Check that ``x`` and ``y`` are tensors of one non-zero length along ``time_dim``; return that length.
+def check_pair(x: Any, y: Any, layout: Layout) -> int:
+    """Check that ``x`` and ``y`` are tensors of one non-zero length along the time dimension; return that length.
 
     Raises:
         TypeError: if ``x`` or ``y`` is not a tensor.
         ValueError: if ``time_dim`` is out of range, the lengths differ, or the batch is empty.
     """
+    time_dim = layout.time_dim
     for name, t in (("x", x), ("y", y)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"prepare_batch must return tensors (x, y); {name} is a {type(t).__name__}.")
         if not -t.dim() <= time_dim < t.dim():
             raise ValueError(
                 f"time_dim={time_dim} is out of range for {name} of shape {tuple(t.shape)}; "
-                f"pass the index of the time dimension (0 for (T, B, *), 1 for (B, T, *))."
+                "pass the index of the time dimension (0 for (T, B, *), 1 for (B, T, *), -1 for the last axis)."
             )
     if x.shape[time_dim] != y.shape[time_dim]:
         raise ValueError(
@@ -85,11 +88,11 @@ def check_pair(x: Any, y: Any, time_dim: int) -> int:
     return x.shape[time_dim]
 
 
-def check_starts(starts: Any, x: torch.Tensor, time_dim: int) -> int:
+def check_starts(starts: Any, x: torch.Tensor, layout: Layout) -> int:
     """Check that ``starts`` is a bool tensor over ``x``'s time and batch dimensions.
 
-    ``starts`` has shape ``(T, B)`` when ``x`` is ``(T, B, *)`` (``time_dim=0``) and ``(B, T)`` when ``x`` is
-    ``(B, T, *)`` (``time_dim=1``).
+    ``starts`` has shape ``(T, B)`` when time is ``x``'s first axis, ``(T, B, *)``, and ``(B, T)`` otherwise
+    (``(B, T, *)``, ``(B, C, T)``): :class:`~ignite_tbptt.layout.Layout`.
 
     Returns:
         The time dimension of ``starts``: 0 or 1.
@@ -104,14 +107,14 @@ def check_starts(starts: Any, x: torch.Tensor, time_dim: int) -> int:
         raise TypeError(f"starts must be a bool tensor (True where a sequence starts), got {what}.")
     if x.dim() < 2:
         raise ValueError(f"starts needs x with time and batch dimensions, got x of shape {tuple(x.shape)}.")
-    time_first = time_dim % x.dim() == 0
-    t, b = (x.shape[0], x.shape[1]) if time_first else (x.shape[time_dim], x.shape[0])
+    time_first = layout.time_first(x)
+    t, b = layout.length(x), layout.columns(x)
     expected = (t, b) if time_first else (b, t)
     if tuple(starts.shape) != expected:
-        layout = "(T, B)" if time_first else "(B, T)"
+        axes = "(T, B)" if time_first else "(B, T)"
         raise ValueError(
-            f"starts must have shape {layout} = {expected} to match x of shape {tuple(x.shape)} with "
-            f"time_dim={time_dim}, got {tuple(starts.shape)}."
+            f"starts must have shape {axes} = {expected} to match x of shape {tuple(x.shape)} with "
+            f"time_dim={layout.time_dim}, got {tuple(starts.shape)}."
         )
     if starts.device != x.device:
         raise ValueError(
@@ -136,12 +139,12 @@ def starts_at(starts: torch.Tensor, step: int, axis: int) -> torch.Tensor:
     return starts.select(axis, step)
 
 
-def resets_by_step(starts: Any, x: torch.Tensor, time_dim: int) -> dict[int, torch.Tensor]:
+def resets_by_step(starts: Any, x: torch.Tensor, layout: Layout) -> dict[int, torch.Tensor]:
     """Check ``starts`` against ``x`` (:func:`check_starts`); the starting columns at each step where any start.
 
     Returns:
         Step of the batch -> bool ``(B,)`` of the columns that start a sequence there, for the steps where some
         column does (one read from the device to find them).
     """
-    axis = check_starts(starts, x, time_dim)
+    axis = check_starts(starts, x, layout)
     return {t: starts_at(starts, t, axis) for t in start_steps(starts, axis)}

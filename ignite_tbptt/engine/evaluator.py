@@ -12,6 +12,7 @@ from ignite.metrics import Metric
 from ..checks import positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..data.batch import resets_by_step, split_batch
+from ..layout import Layout
 from ..runtime import build_model_call, default_model_fn, default_reset_hidden
 from ..runtime import hidden as hs
 
@@ -47,7 +48,8 @@ def create_tbptt_evaluator(
     Args:
         model: the model; each batch runs in ``eval()`` mode and leaves the model in the mode it found.
         metrics: ignite metrics to attach by name, e.g. ``{"bpc": BitsPerTarget(loss_fn)}``.
-        time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred`` (0 for ``(T, B, *)``).
+        time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred``, as the trainer's (0 for ``(T, B, *)``,
+            1 for ``(B, T, *)``, -1 for the last axis).
         carry_hidden: carry the hidden state across the batches of a run.
         segment_length: run the model on pieces of at most this many steps (bounds activation memory for very
             long batches; the result is the same); default: the whole batch in one call.
@@ -85,6 +87,7 @@ def create_tbptt_evaluator(
     """
     if segment_length is not None:
         positive_int("segment_length", segment_length, "steps per model call")
+    layout = Layout(time_dim)
     # The trainer's model call: the same reset at sequence starts, under the same autocast, with the same checks.
     model_call = build_model_call(
         model,
@@ -94,19 +97,19 @@ def create_tbptt_evaluator(
         reset_hidden=reset_hidden,
         module_state=module_state,
         initial_state=initial_state,
-        time_dim=time_dim,
+        layout=layout,
     )
     stream: dict[str, Any] = {"hidden": None}
 
     def run_pieces(x: torch.Tensor, starts: Any) -> list[Any]:
         hidden = stream["hidden"] if carry_hidden else None
-        length = x.shape[time_dim]
-        resets = {} if starts is None else resets_by_step(starts, x, time_dim)
+        length = layout.length(x)
+        resets = {} if starts is None else resets_by_step(starts, x, layout)
         # Pieces end every segment_length steps and, as the trainer's segments, where some column starts a sequence.
         bounds = sorted({*range(0, length, segment_length or length), *resets, length})
         y_preds = []
         for start, end in zip(bounds, bounds[1:]):
-            y_pred, hidden = model_call(x.narrow(time_dim, start, end - start), hidden, starts=resets.get(start))
+            y_pred, hidden = model_call(layout.steps(x, start, end), hidden, starts=resets.get(start))
             y_preds.append(y_pred)
         stream["hidden"] = hidden
         return y_preds

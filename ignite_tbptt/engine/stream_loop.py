@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from ..data.batch import check_pair, resets_by_step
+from ..layout import Layout
 from ..planning import WindowSource, plan_segment
 from ..runtime import (
     LossSum,
@@ -111,7 +112,7 @@ class StreamLoop:
         recompute: int | None,
     ) -> None:
         self.model, self.optimizer_step = model, optimizer_step
-        self.time_dim, self.carry_hidden, self.recompute = time_dim, carry_hidden, recompute
+        self.layout, self.carry_hidden, self.recompute = Layout(time_dim), carry_hidden, recompute
         # Only windows that reach into earlier ones keep graphs alive across an optimizer step.
         versions = ParameterVersions(optimizer_step.parameters) if source.spans_windows else None
         history = RetainedHistory(model_call, optimizer_step.parameters, versions, recompute is not None)
@@ -150,15 +151,15 @@ class StreamLoop:
         Raises:
             TypeError, ValueError: as :func:`~ignite_tbptt.create_tbptt_trainer` lists for batches.
         """
-        length = check_pair(x, y, self.time_dim)
+        length = check_pair(x, y, self.layout)
         resets = {} if starts is None else self._check_starts(x, starts)
-        if self.carry_hidden:
-            self.stream.check_columns(x, self.time_dim)
+        if self.carry_hidden and x.dim() > 1:
+            self.stream.check_columns(self.layout.columns(x))
         return length, resets
 
     def _check_starts(self, x: torch.Tensor, starts: Any) -> dict[int, torch.Tensor]:
         # The one read from the device that starts cost; a batch without them runs as before.
-        resets = resets_by_step(starts, x, self.time_dim)
+        resets = resets_by_step(starts, x, self.layout)
         if resets and self.executor.model_call.reset_hidden is default_reset_hidden:
             columns = next(iter(resets.values())).shape[0]
             if self.carry_hidden and self.stream.hidden is not None:
@@ -176,7 +177,7 @@ class StreamLoop:
         no window runs after a refused step (:attr:`failed`).
         """
         self.model.train()
-        stream, run = self.stream, self.executor.run
+        stream, run, steps = self.stream, self.executor.run, self.layout.steps
         if not self.carry_hidden:
             stream.reset()
         offset = stream.position
@@ -203,9 +204,7 @@ class StreamLoop:
                 one_window_per_step,
             )
             start, end = plan.start - offset, plan.end - offset
-            result = run(
-                plan, self._steps(x, start, end), self._steps(y, start, end), resets.get(start), keep_predictions
-            )
+            result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
             total.add(result.loss, result.targets, plan.whole_window)
             self.optimizer_step.accumulate(result.targets, plan.backward_mean)
             self.listener.targets_processed(result.targets)
@@ -213,10 +212,6 @@ class StreamLoop:
             if plan.closes_window:
                 self.close_window(plan.end, stream_continues=plan.end != stream_end)
         return BatchResult(total, predictions)
-
-    def _steps(self, t: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        # Steps [start, end) of a batch (basic slicing is the cheaper view).
-        return t[start:end] if self.time_dim == 0 else t.narrow(1, start, end - start)
 
     # -- window and step boundaries ----------------------------------------------------------------------------
     def _open_window(self) -> None:

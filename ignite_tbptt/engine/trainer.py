@@ -11,6 +11,7 @@ from ignite.engine import Engine
 
 from ..checks import callable_or_none, positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
+from ..layout import Layout
 from ..planning import Schedule, WindowSource
 from ..runtime import build_model_call, default_model_fn, default_reset_hidden, device_type_of
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
@@ -82,7 +83,7 @@ def tbptt_training_step(
         reset_hidden=reset_hidden,
         module_state=module_state,
         initial_state=initial_state,
-        time_dim=time_dim,
+        layout=Layout(time_dim),
     )
     return TBPTTStep(
         model,
@@ -122,7 +123,10 @@ def _check_options(
     reset_hidden: Any,
 ) -> None:
     if isinstance(time_dim, bool) or not isinstance(time_dim, int):
-        raise TypeError(f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *)), got {time_dim!r}.")
+        raise TypeError(
+            f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *), -1 for the last axis), "
+            f"got {time_dim!r}."
+        )
     for name, fn in (
         ("prepare_batch", prepare_batch),
         ("model_fn", model_fn),
@@ -226,7 +230,9 @@ def create_tbptt_trainer(
         k2: steps a full window's backward pass reaches back from its end; default ``k1``. To let k2 follow
             the measured gradient decay, attach an :class:`~ignite_tbptt.AdaptiveTruncation` to the trainer.
         time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred``: 0 for ``(T, B, *)`` batches,
-            1 for ``(B, T, *)``.
+            1 for ``(B, T, *)``, any other axis alike (2 or -1 for ``(B, C, T)`` features); negative counts from
+            the end of each tensor. The batch dimension is 1 where time comes first, else 0
+            (:class:`~ignite_tbptt.layout.Layout`).
         carry_hidden: if False, every batch is a stream of its own: the hidden state starts fresh (the model
             is called without it) and the batch ends the last window. If True, the batches of an epoch are
             consecutive pieces of one stream (the language-model layout): the hidden state and the retained
@@ -244,9 +250,9 @@ def create_tbptt_trainer(
         non_blocking: passed to ``prepare_batch`` for asynchronous host-to-device copies.
         prepare_batch: ``prepare_batch(batch, device, non_blocking) -> (x, y)`` or ``(x, y, starts)``, ignite's
             signature; the default moves each to ``device``. ``x`` and ``y`` are tensors with the same length
-            along ``time_dim``. ``starts``, a bool tensor of shape ``(T, B)`` (``(B, T)`` with ``time_dim=1``),
-            marks where a new sequence starts in a column of a stream of many sequences: the column's hidden
-            state is reset before that step (``reset_hidden``) and no gradient flows back past it (SPEC.md,
+            along ``time_dim``. ``starts``, a bool tensor of shape ``(T, B)`` (``(B, T)`` where time is not the
+            first axis), marks where a new sequence starts in a column of a stream of many sequences: the column's
+            hidden state is reset before that step (``reset_hidden``) and no gradient flows back past it (SPEC.md,
             "Sequence starts"; :func:`~ignite_tbptt.data.pack_sequences` lays out such batches). The model is
             called once more per step where some column starts; a batch with ``starts`` costs one read of
             where they are from the device.

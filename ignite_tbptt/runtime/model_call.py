@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from ..layout import Layout
 from . import hidden as hs
 from .compiled import retainable
 from .in_place import find_write, mentions_in_place, written_leaf
@@ -19,6 +20,7 @@ __all__ = ["ModelCall", "build_model_call", "default_model_fn", "autocast_for", 
 
 # Reentrant and stateless: one instance serves every model call that needs no context, without an allocation.
 _NO_CONTEXT = nullcontext()
+_TIME_FIRST = Layout(0)
 
 
 def default_model_fn(model: torch.nn.Module, x: torch.Tensor, hidden: Any) -> tuple[Any, Any]:
@@ -57,7 +59,7 @@ class ModelCall:
         initial_state: ``initial_state(batch_size) -> hidden``, the state at a stream's start and, per column, at
             every sequence start (a learned one: its parameters get the gradient of the windows that reach it), or
             ``None`` for the model's own (``model(x)`` at a stream's start, ``reset_hidden`` at sequence starts).
-        batch_dim: the batch dimension of ``x`` (1 for ``(T, B, *)``, 0 for ``(B, T, *)``).
+        layout: the time and batch axes of ``x``; the initial state has one row per column.
     """
 
     def __init__(
@@ -67,10 +69,10 @@ class ModelCall:
         autocast: Callable[[], AbstractContextManager],
         reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
         initial_state: Callable[[int], Any] | None = None,
-        batch_dim: int = 1,
+        layout: Layout = _TIME_FIRST,
     ) -> None:
         self.model, self.model_fn, self.autocast, self.reset_hidden = model, model_fn, autocast, reset_hidden
-        self.initial_state, self.batch_dim = initial_state, batch_dim
+        self.initial_state, self.layout = initial_state, layout
         self._plain = autocast() is _NO_CONTEXT  # no context to enter around a call without weight hooks
 
     def __call__(
@@ -139,7 +141,7 @@ class ModelCall:
         # backpropagate into its parameters, with the weights of this call.
         if hidden is None:
             if self.initial_state is not None:
-                hidden = self.initial_state(x.shape[self.batch_dim])
+                hidden = self.initial_state(self.layout.columns(x))
         elif starts is not None:
             if self.initial_state is None:
                 hidden = self.reset_hidden(hidden, starts)
@@ -157,7 +159,7 @@ def build_model_call(
     reset_hidden: Callable[[Any, torch.Tensor], Any],
     module_state: Sequence[str] | None,
     initial_state: Callable[[int], Any] | None,
-    time_dim: int,
+    layout: Layout,
 ) -> ModelCall:
     """The model call of a trainer or an evaluator, from their arguments (documented there).
 
@@ -180,4 +182,4 @@ def build_model_call(
     if module_state is not None:
         model_fn = ModuleState(model, module_state).wrap(None if model_fn is default_model_fn else model_fn)
     autocast = autocast_for(device_type_of(model, device), autocast_dtype)
-    return ModelCall(model, model_fn, autocast, reset_hidden, initial_state, batch_dim=1 if time_dim == 0 else 0)
+    return ModelCall(model, model_fn, autocast, reset_hidden, initial_state, layout)

@@ -60,15 +60,12 @@ class StreamState:
         self.window_loss = LossSum()
         return self.window
 
-    def check_columns(self, x: torch.Tensor, time_dim: int) -> None:
-        """Check that the batch ``x`` of a carried stream has the stream's columns; the epoch's first sets them.
+    def check_columns(self, columns: int) -> None:
+        """Check that a batch of a carried stream has the stream's ``columns``; the epoch's first batch sets them.
 
         Raises:
             ValueError: if it has another number of columns than the epoch's first batch.
         """
-        if x.dim() < 2:
-            return
-        columns = x.shape[1 if time_dim == 0 else 0]
         if self.columns is not None and columns != self.columns:
             raise ValueError(
                 f"with carry_hidden=True the batches of an epoch are pieces of the same {self.columns} parallel "

@@ -217,7 +217,8 @@ def test_hidden_state_the_default_cannot_reset(carry_hidden):
 
 def test_starts_on_another_device_than_x_are_refused_before_anything_runs():
     from ignite_tbptt.data.batch import check_starts
+    from ignite_tbptt.layout import Layout
 
     x = torch.zeros(4, 2, 3)
     with pytest.raises(ValueError, match="starts is on meta and x on cpu"):
-        check_starts(torch.zeros(4, 2, dtype=torch.bool, device="meta"), x, 0)
+        check_starts(torch.zeros(4, 2, dtype=torch.bool, device="meta"), x, Layout(0))
