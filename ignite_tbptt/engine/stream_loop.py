@@ -231,7 +231,7 @@ class StreamLoop:
         reach = self.executor.close_window(start, cut, next_cut, self.recording)
         if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
             self.attributes_checked = True
-            check_attributes(self.model, 1)
+            check_attributes(self.model, 1, returned=stream.hidden)
         profile = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scaler = self.optimizer_step.scaler

@@ -343,7 +343,8 @@ def create_tbptt_trainer(
             state it was given, naming the tensor's path in the state, its shape, the segment and its window, before
             autograd's own error (:mod:`ignite_tbptt.runtime.in_place`).
         RuntimeError: after the first window, if the model keeps tensors with a graph in its attributes that
-            ``module_state`` does not name (hidden state the trainer would neither cut nor reset nor save).
+            ``module_state`` does not name and that are not tensors of the state it returned (hidden state the
+            trainer would neither cut nor reset nor save).
         FloatingPointError: without a ``scaler``, after an optimizer step whose gradients hold inf or NaN. The
             step is not taken, so the parameters keep their last finite values; no further window of the batch
             runs and the iteration's output is ``float("nan")``, so that ignite's ``TerminateOnNan`` ends the run

@@ -9,7 +9,8 @@ there every rule of SPEC.md applies as to a returned state ("State that is not a
 across windows and batches, treated as a constant at each cut, reset per column at sequence starts, saved in
 checkpoints. After each call the attributes hold detached tensors, so that no graph hangs on the model between
 calls. A model that keeps a graph in an attribute the trainer was not told of is found after the first window
-(:func:`attributes_with_graph`).
+(:func:`attributes_with_graph`), unless that attribute holds a tensor of the state the model returned (snnTorch's
+neurons with ``init_hidden=False`` keep their returned membrane in ``mem``).
 """
 
 from __future__ import annotations
@@ -112,28 +113,52 @@ def _detached(value: Any) -> Any:
     return hs.detached(value)  # a tensor, or a tree of them (an LSTM's (h, c) kept in one attribute)
 
 
-def attributes_with_graph(model: torch.nn.Module, known: Sequence[str] = ()) -> list[str]:
+def attributes_with_graph(model: torch.nn.Module, known: Sequence[str] = (), returned: Any = None) -> list[str]:
     """Paths of the tensors held in ``model``'s attributes (buffers too, not parameters) that carry a graph.
 
     Such a tensor is hidden state the trainer does not see (it would be neither cut nor reset nor saved), or a
-    tensor the model kept by mistake; ``known`` paths are left out.
+    tensor the model kept by mistake, unless it is a cache of the returned state: the very tensor object (identity,
+    not equal values) that is a leaf of ``returned``. snnTorch's neurons built with ``init_hidden=False`` keep the
+    membrane they return in ``self.mem``, and a model may keep ``self.last_h = h`` beside returning ``h``. Such a
+    cache is safe: the trainer carries, cuts, resets and saves that tensor through the returned tree, and hands each
+    call a detached copy of it, so the attribute's graph spans the last model call only, and the next call
+    overwrites the attribute. A copy of the state, a function of it or any tensor the returned tree does not hold
+    is not a cache. The argument assumes the model reads its state from the state it is given: one that reads the
+    cache back instead is not told apart here.
+
+    Args:
+        model: the model.
+        known: paths to leave out.
+        returned: the hidden state the model last returned, a tensor or a tree of them (the stream's hidden
+            state; with ``module_state``, the carried tree, which holds it under ``"returned"``). ``None``: no
+            attribute is a cache.
+
+    Returns:
+        The paths, such as ``"lif1.mem"``, in the order of ``model.named_modules()``.
     """
+    cached = {id(t) for t in hs.flatten(returned)}  # ``returned`` keeps its tensors alive, so their ids are theirs
     found = []
     for prefix, module in model.named_modules():
         for name, value in {**vars(module), **module._buffers}.items():
             path = f"{prefix}.{name}" if prefix else name
-            if torch.is_tensor(value) and value.grad_fn is not None and path not in known:
+            if torch.is_tensor(value) and value.grad_fn is not None and path not in known and id(value) not in cached:
                 found.append(path)
     return found
 
 
-def check_attributes(model: torch.nn.Module, window: int) -> None:
+def check_attributes(model: torch.nn.Module, window: int, returned: Any = None) -> None:
     """Refuse a model that keeps a graph in an attribute after ``window``'s backward pass.
+
+    Args:
+        model: the model.
+        window: the window just closed, for the message.
+        returned: the hidden state the model last returned (the stream's); an attribute holding one of its tensors
+            is a cache of it and is accepted (:func:`attributes_with_graph`).
 
     Raises:
         RuntimeError: naming the attributes, with the fix: tell the trainer (``module_state``), or detach them.
     """
-    found = attributes_with_graph(model)
+    found = attributes_with_graph(model, returned=returned)
     if found:
         raise RuntimeError(
             f"after window {window} the model still holds tensors with a graph in {', '.join(found)}. If they are its "

@@ -23,12 +23,26 @@ from .test_sequence_starts import with_starts
 PAIRS = [(3, 7), (4, 4), (5, 2)]
 
 
-def train_both(trainer_model, reference_model, k1, k2, batches, accumulation=2, reference_options=None, **options):
-    """Train ``trainer_model`` with the trainer and ``reference_model`` by brute force; returns the trainer."""
+def train_both(
+    trainer_model,
+    reference_model,
+    k1,
+    k2,
+    batches,
+    accumulation=2,
+    reference_options=None,
+    lr=0.5,
+    atol=1e-9,
+    **options,
+):
+    """Train ``trainer_model`` with the trainer and ``reference_model`` by brute force; returns the trainer.
+
+    Both use SGD with learning rate ``lr``; their parameters must agree to ``atol``.
+    """
     initial = copy.deepcopy(reference_model)
     trainer = create_tbptt_trainer(
         trainer_model,
-        sgd(trainer_model),
+        sgd(trainer_model, lr),
         cross_entropy,
         k1,
         k2,
@@ -39,7 +53,7 @@ def train_both(trainer_model, reference_model, k1, k2, batches, accumulation=2, 
     trainer.run(batches, max_epochs=2)
     reference_train(
         reference_model,
-        sgd(reference_model),
+        sgd(reference_model, lr),
         cross_entropy,
         batches,
         k1,
@@ -50,7 +64,7 @@ def train_both(trainer_model, reference_model, k1, k2, batches, accumulation=2, 
         **(reference_options or {}),
     )
     assert_trained(reference_model, initial)
-    assert_same_parameters(trainer_model, reference_model)
+    assert_same_parameters(trainer_model, reference_model, atol)
     return trainer
 
 
@@ -144,6 +158,101 @@ def test_a_module_state_path_that_names_nothing_is_refused_when_the_trainer_is_b
         create_tbptt_trainer(model, sgd(model), cross_entropy, 3, module_state=["lif.mem"])
     with pytest.raises(TypeError, match="list of attribute paths"):
         create_tbptt_trainer(model, sgd(model), cross_entropy, 3, module_state="state")
+
+
+# -- the returned state, also kept in an attribute --------------------------------------------------------------
+class SpikingNet(nn.Module):
+    """snnTorch's tutorial network: two ``snn.Leaky(init_hidden=False)`` layers whose membranes are passed in and
+    returned as the state. snnTorch also keeps each neuron's last membrane in ``lif.mem``: the tensor it returns."""
+
+    def __init__(self):
+        super().__init__()
+        snn = pytest.importorskip("snntorch")
+        self.fc1, self.lif1 = nn.Linear(3, 6), snn.Leaky(beta=0.9, init_hidden=False)
+        self.fc2, self.lif2 = nn.Linear(6, 4), snn.Leaky(beta=0.9, init_hidden=False)
+
+    def forward(self, x, state=None):  # x: (T, B, 3); y_pred: lif2's membranes, (T, B, 4)
+        m1, m2 = (self.lif1.reset_mem(), self.lif2.reset_mem()) if state is None else state
+        membranes = []
+        for x_t in x:
+            s1, m1 = self.lif1(self.fc1(x_t), m1)
+            _, m2 = self.lif2(self.fc2(s1.to(x.dtype)), m2)  # snnTorch's spikes are float32 whatever the input
+            membranes.append(m2)
+        return torch.stack(membranes), (m1, m2)
+
+
+class HalfDeclaredSpikingNet(SpikingNet):
+    """Returns lif2's membrane only; lif1, given none, reads its own from ``lif1.mem``: state the tree lacks."""
+
+    def forward(self, x, state=None):
+        if state is None:
+            self.lif1.reset_mem()
+        m2 = self.lif2.reset_mem() if state is None else state
+        membranes = []
+        for x_t in x:
+            s1, _ = self.lif1(self.fc1(x_t))
+            _, m2 = self.lif2(self.fc2(s1.to(x.dtype)), m2)
+            membranes.append(m2)
+        return torch.stack(membranes), m2
+
+
+class KeepsItsState(Net):
+    """:class:`Net` that also keeps ``self.last = kept(hidden)`` (``self.last_h = h`` for ``kept = h[0]``)."""
+
+    def __init__(self, kept):
+        super().__init__()
+        self.kept, self.last = kept, None
+
+    def forward(self, x, hidden=None):
+        y, hidden = super().forward(x, hidden)
+        self.last = self.kept(hidden)
+        return y, hidden
+
+
+@pytest.mark.parametrize("k1,k2", [(5, 5), (3, 7)], ids=["k1=5-k2=5", "k1=3-k2=7"])
+def test_snntorch_neurons_returning_their_membranes_train_exactly_though_they_keep_them_too(k1, k2):
+    torch.manual_seed(0)
+    model = SpikingNet().double()
+    reference = copy.deepcopy(model)
+    batches = with_starts(make_batches([7, 12, 5]), density=0.15)
+    # snnTorch's surrogate spikes are float32 ((u > 0).float()), so each gradient through a spike is rounded to float32:
+    # the trainer (a window's losses backpropagated together) and the reference (each step's loss alone) agree to
+    # 2e-9, where a cut one step off moves the parameters by 0.05.
+    train_both(model, reference, k1, k2, batches, lr=0.1, atol=1e-7)
+    assert model.lif1.mem.grad_fn is not None and model.lif2.mem.grad_fn is not None  # the caches were there
+
+
+@pytest.mark.parametrize("k1,k2", [(4, 4), (3, 7)], ids=["k1=4-k2=4", "k1=3-k2=7"])
+def test_a_model_keeping_the_state_it_returns_in_an_attribute_trains_exactly(k1, k2):
+    torch.manual_seed(0)
+    model = KeepsItsState(lambda hidden: hidden[0]).double()
+    reference = Net().double()
+    reference.load_state_dict(model.state_dict())
+    train_both(model, reference, k1, k2, with_starts(make_batches([7, 12, 5]), density=0.15))
+    assert model.last.grad_fn is not None
+
+
+@pytest.mark.parametrize(
+    "build,path",
+    [
+        (lambda: KeepsItsState(lambda hidden: hidden[0] * 2), "last"),
+        (lambda: KeepsItsState(lambda hidden: hidden[0].clone()), "last"),  # equal values, another tensor
+        (HalfDeclaredSpikingNet, "lif1.mem"),
+    ],
+    ids=["a function of the state", "a copy of the state", "snntorch membrane not returned"],
+)
+@pytest.mark.parametrize("k1,k2", [(5, 5), (5, 10)])
+def test_an_attribute_holding_what_the_returned_state_does_not_is_still_refused(build, path, k1, k2):
+    torch.manual_seed(0)
+    model = build().double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, k1, k2, carry_hidden=True)
+    before = copy.deepcopy(model)
+    with pytest.raises(
+        RuntimeError, match=rf"after window 1 the model still holds tensors with a graph in {path}\. "
+    ) as e:
+        trainer.run(make_batches([12]))
+    assert f"module_state={[path]!r}" in str(e.value)
+    assert_same_parameters(model, before, atol=0)  # refused before the first step
 
 
 # -- states that are objects ------------------------------------------------------------------------------------
