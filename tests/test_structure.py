@@ -165,3 +165,23 @@ def test_every_module_lists_its_public_names():
 def test_importing_the_package_does_not_import_matplotlib():
     code = "import sys, ignite_tbptt; assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_runtime_carries_out_plans_and_never_asks_a_window_source():
+    # Every decision about a segment or a window's close is a plan made in planning/ (StreamPlanner); the runtime,
+    # and the loop that hands it the plans, only carry them out.
+    from ignite_tbptt.planning import WindowSource
+
+    asked = {"window", "cut", "boundary", "compensation", "reaches_back"}  # what a source decides
+    assert all(callable(getattr(WindowSource, name)) for name in asked)
+    carriers = [*(PACKAGE / "runtime").glob("*.py"), PACKAGE / "engine" / "stream_loop.py"]
+    for path in carriers:
+        for module, names in imports(path):
+            if layer(module) == "planning" and layer(module_name(path)) == "runtime":
+                assert all(n.endswith("Plan") for n in names), f"{module_name(path)} imports {names} from planning"
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in asked:
+                receiver = ast.unparse(node.func.value)
+                assert "planner" in receiver, f"{module_name(path)} asks {receiver}.{node.func.attr}(...)"
+            assert not (isinstance(node, ast.Attribute) and node.attr == "source" and "runtime" in path.parts)

@@ -1,9 +1,10 @@
 """What a trainer's checkpoint was made with, and which changes a resumed run may make.
 
-A trainer's ``state_dict`` records its configuration beside the stream it saves: the windows it was built with
-(type and parameters), ``carry_hidden``, ``recompute``, ``gradient_accumulation_steps``, ``deterministic`` and the
-package version. Loading it compares that record with the trainer it is loaded into and raises before anything
-changes, naming both values, unless the change is safe where the checkpoint was taken:
+A trainer's ``state_dict`` records its configuration beside the stream it saves: the windows in use (the type and
+parameters of the window source, a handler's such as ``AdaptiveTruncation`` where one is attached),
+``carry_hidden``, ``recompute``, ``gradient_accumulation_steps``, ``deterministic`` and the package version.
+Loading it compares that record with the trainer it is loaded into and raises before anything changes, naming both
+values, unless the change is safe where the checkpoint was taken:
 
 - the windows and ``recompute`` may change between streams: at an epoch's end with ``carry_hidden=True``, or
   between any two batches with ``carry_hidden=False`` on both sides (a stream under way holds hidden state,
@@ -52,6 +53,7 @@ def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str,
     Raises:
         ValueError: naming each unsafe difference, its saved and its given value, and how to proceed.
     """
+    saved = _upgraded(saved)
     between_streams = stream.get("position", 0) == 0 or not (saved["carry_hidden"] or given["carry_hidden"])
     allowed = {
         "windows": between_streams,
@@ -63,6 +65,8 @@ def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str,
     problems = []
     for name, safe in allowed.items():
         old, new = _compared(name, saved.get(name)), _compared(name, given.get(name))
+        if name == "windows" and isinstance(old, dict) and len(old) == 1 and isinstance(new, dict):
+            new = {"type": new.get("type")}  # an old record knows only the type of a handler's source
         if old != new and not safe:
             problems.append(f"{name}: saved {_shown(saved.get(name))}, given {_shown(given.get(name))}")
     if problems:
@@ -72,6 +76,15 @@ def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str,
             "checkpoint was made to resume it; to train on with the new configuration, load only the model and the "
             "optimizer. Which changes are safe where is listed in docs/howto/checkpoint.md."
         )
+
+
+def _upgraded(saved: dict[str, Any]) -> dict[str, Any]:
+    # Records up to 0.4.0.dev0 named the source the trainer was built with under "windows", and the type of the one in
+    # use, a handler's (AdaptiveTruncation), under "source"; the windows were those of the source in use.
+    source, windows = saved.get("source"), saved.get("windows")
+    if source is None or not isinstance(windows, dict) or windows.get("type") == source:
+        return saved
+    return {**saved, "windows": {"type": source}}
 
 
 def _compared(name: str, value: Any) -> Any:

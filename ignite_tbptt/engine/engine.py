@@ -51,7 +51,7 @@ class _SavesStream:
         if "tbptt" in state_dict:  # before anything loads: a stream saved by another number of processes
             distributed.own_state(state_dict["tbptt"])
         if saved is not None:
-            given = {**self.tbptt.configuration, "deterministic": self._deterministic}
+            given = {**self.tbptt.configuration(), "deterministic": self._deterministic}
             length, iteration = state_dict.get("epoch_length"), state_dict.get("iteration", 0)
             epoch_end = iteration == 0 or (length is not None and iteration % length == 0)
             check_resume(saved, given, state_dict["tbptt"], epoch_end)

@@ -41,7 +41,7 @@ class OptimizerStep:
 
     def __init__(self, optimizer: Any, scaler: torch.amp.GradScaler | None, accumulation: int) -> None:
         self.optimizer, self.scaler, self.accumulation = optimizer, scaler, accumulation
-        self.windows = 0  # windows accumulated since the last step
+        self.accumulated = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
         self.backward_mean = False  # their one window backpropagated its mean loss: the gradients are divided
         self.distributed = False  # whether gradients are summed over processes, set when a run starts
@@ -61,13 +61,13 @@ class OptimizerStep:
 
     def reset(self) -> None:
         """Forget windows whose gradients were accumulated but not applied."""
-        self.windows = self.targets = 0
+        self.accumulated = self.targets = 0
         self.backward_mean = False
         self._due = None
 
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients."""
-        if self.windows == 0:
+        if self.accumulated == 0:
             self.optimizer.zero_grad()
 
     def accumulate(self, targets: int, backward_mean: bool) -> None:
@@ -77,8 +77,8 @@ class OptimizerStep:
 
     def window_completed(self) -> bool:
         """A window's backward pass is done; returns whether the step is due."""
-        self.windows += 1
-        return self.windows == self.accumulation
+        self.accumulated += 1
+        return self.accumulated == self.accumulation
 
     def synchronise(self, position: tuple[int, ...], targets: int) -> int:
         """:func:`~ignite_tbptt.engine.distributed.synchronise` on the parameters' device; the summed target count.
@@ -185,7 +185,7 @@ class OptimizerStep:
     def state_dict(self) -> dict[str, Any]:
         """Accumulated windows, their target count and gradients, and the scaler's state."""
         return {
-            "group_windows": self.windows,
+            "group_windows": self.accumulated,
             "group_targets": self.targets,
             "grads": [None if p.grad is None else p.grad.clone() for p in self.parameters()],
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
@@ -203,7 +203,7 @@ class OptimizerStep:
                 f"the checkpoint's TBPTT state has gradients for {len(state['grads'])} parameters, the optimizer "
                 f"holds {len(params)}: load it into a trainer built with the same model and optimizer."
             )
-        self.windows, self.targets = state["group_windows"], state["group_targets"]
+        self.accumulated, self.targets = state["group_windows"], state["group_targets"]
         for p, g in zip(params, state["grads"]):
             p.grad = None if g is None else g.to(p.device)
         if self.scaler is not None and state["scaler"] is not None:

@@ -80,9 +80,6 @@ class TBPTTStep:
         self.time_dim, self.carry_hidden, self.recompute = time_dim, carry_hidden, recompute
         self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
         self.output_transform = output_transform
-        # What checkpoints record, to refuse a resume into another configuration (ignite_tbptt.engine.checkpoint).
-        self.configuration = configuration(source, carry_hidden, recompute, optimizer_step.accumulation)
-        self.reach_every: tuple[int, ...] = ()  # record the gradient reach of every n-th window, for each n
         self._engine: Engine | None = None
         self._loaded: dict | None = None
 
@@ -106,7 +103,7 @@ class TBPTTStep:
     @property
     def window_source(self) -> WindowSource:
         """The window source in use (a :class:`~ignite_tbptt.Schedule` for fixed k1, k2, or a handler's)."""
-        return self.loop.stream.source
+        return self.loop.source
 
     @property
     def history(self) -> RetainedHistory:
@@ -158,11 +155,7 @@ class TBPTTStep:
 
         The windows any handler asks for are recorded (GradientReach, AdaptiveTruncation).
         """
-        self.reach_every = tuple(sorted({*self.reach_every, every}))
-        self.loop.reach_stride = stride if stride is not None else self.loop.reach_stride
-
-    def _records(self, window: int) -> bool:
-        return bool(self.reach_every) and any(window % every == 0 for every in self.reach_every)
+        self.loop.planner.reach.ask(every, stride)
 
     # -- ignite lifecycle --------------------------------------------------------------------------------------
     def attach(self, engine: Engine) -> None:
@@ -187,8 +180,8 @@ class TBPTTStep:
 
     def _started(self, engine: Engine) -> None:
         loop = self.loop
-        loop.failed = None
-        self.optimizer_step.failure()  # forget decisions of an interrupted run
+        loop.failed = None  # an interrupted run's refused step is not this run's
+        self.optimizer_step.failure()  # nor are its device decisions
         self.optimizer_step.distributed = distributed.is_distributed()
         if self.optimizer_step.distributed:
             distributed.broadcast_parameters(self.parameters())
@@ -198,28 +191,18 @@ class TBPTTStep:
         if loaded is None or engine.state.iteration == 0:
             loop.reset()
             return
-        self._check_source(loaded)
         try:
-            loop.stream.load_state_dict(loaded)
+            # A window left open goes on being recorded if it was (GradientReach, AdaptiveTruncation).
+            loop.load_state_dict(loaded, engine.state.window)
             self.optimizer_step.load_state_dict(loaded)
         except BaseException:  # neither half of a checkpoint: the stream starts afresh
             loop.reset()
             raise
-        # A window left open goes on being recorded if it was (GradientReach, AdaptiveTruncation).
-        loop.recording = loop.stream.window is not None and self._records(engine.state.window)
-
-    def _check_source(self, state: dict[str, Any]) -> None:
-        saved, given = state.get("configuration", {}).get("source"), type(self.window_source).__name__
-        if saved is not None and saved != given and state["position"] > 0:
-            raise ValueError(
-                f"the checkpoint's stream is under way with windows from {saved}, this trainer's come from "
-                f"{given}: attach the same handlers (e.g. AdaptiveTruncation) before resuming."
-            )
 
     def _epoch_started(self, engine: Engine) -> None:
         # A run resumed mid-epoch fires EPOCH_STARTED again; the restored stream goes on.
         if engine.state.epoch_length is None or engine.state.iteration % engine.state.epoch_length == 0:
-            self.loop.stream.reset()
+            self.loop.reset_stream()
 
     def end_epoch(self, engine: Engine) -> None:
         """End the stream and apply the windows not yet applied; runs once per epoch, whatever calls it first.
@@ -235,6 +218,14 @@ class TBPTTStep:
             position = _EngineListener(engine, self).position()
             self.optimizer_step.synchronise((distributed.EPOCH_END, *position[:-1], engine.state.optimizer_step), 0)
 
+    def configuration(self) -> dict[str, Any]:
+        """What checkpoints record, to refuse a resume into another configuration (``engine.checkpoint``).
+
+        The windows are the source's in use, which may be a handler's (AdaptiveTruncation) installed after the trainer
+        was built.
+        """
+        return configuration(self.window_source, self.carry_hidden, self.recompute, self.optimizer_step.accumulation)
+
     def _raise_if_failed(self) -> None:
         if self.loop.failed is not None:
             raise self.loop.failed
@@ -247,9 +238,7 @@ class TBPTTStep:
         starts, so that resuming gives the parameters of an uninterrupted run. ``create_tbptt_trainer``'s
         engine includes this in its own ``state_dict()``, so ignite's ``Checkpoint`` saves it.
         """
-        # The source in use may be a handler's (AdaptiveTruncation), installed after the trainer was built.
-        record = {**self.configuration, "source": type(self.window_source).__name__}
-        return {"configuration": record, **self.loop.stream.state_dict(), **self.optimizer_step.state_dict()}
+        return {"configuration": self.configuration(), **self.loop.state_dict(), **self.optimizer_step.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state when the engine's next run starts (after model and optimizer load)."""
@@ -291,13 +280,12 @@ class _EngineListener:
     def __init__(self, engine: Engine, step: TBPTTStep) -> None:
         self.engine, self.step = engine, step
 
-    def window_started(self) -> bool:
+    def window_started(self) -> int:
         engine = self.engine
         engine.state.window += 1
-        recorded = self.step._records(engine.state.window)
         fire(engine, TBPTTEvents.WINDOW_STARTED)
         fire(engine, Tbptt_Events.TIME_ITERATION_STARTED)
-        return recorded
+        return engine.state.window
 
     def window_closed(self, reach: dict[int, float] | None) -> None:
         self.engine.state.gradient_reach = reach  # before the step, for its handlers too

@@ -1,10 +1,10 @@
 """The walk along a stream: each batch's segments, the windows they close and the optimizer steps that follow.
 
-A :class:`StreamLoop` plans every segment (:func:`~ignite_tbptt.planning.plan_segment`), has the
-:class:`~ignite_tbptt.runtime.SegmentExecutor` run it, closes each window with its backward sweep and takes the
-optimizer step of every accumulation that completes. It imports no ignite: what happens at a window's or a step's
-boundary is reported to a :class:`LoopListener` (the process function's, in :mod:`ignite_tbptt.engine.process`),
-which fires ignite's events and keeps ``engine.state``.
+A :class:`StreamLoop` has its :class:`~ignite_tbptt.planning.StreamPlanner` plan every segment and every window's
+close, has the :class:`~ignite_tbptt.runtime.SegmentExecutor` carry out both plans, and takes the optimizer step of
+every accumulation that completes. It fires no event and touches no ``engine.state``: what happens at a window's or
+a step's boundary is reported to a :class:`LoopListener` (the process function's, in
+:mod:`ignite_tbptt.engine.process`), which fires ignite's events and keeps ``engine.state``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import torch
 
 from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
-from ..planning import WindowSource, plan_segment
+from ..planning import StreamPlanner, WindowSource
 from ..runtime import (
     LossSum,
     ModelCall,
@@ -61,8 +61,8 @@ class BatchResult(NamedTuple):
 class LoopListener(Protocol):
     """What the loop reports for each window, in order: started, targets, closed, step started, step done, completed."""
 
-    def window_started(self) -> bool:
-        """A window opens; returns whether its gradient reach is recorded."""
+    def window_started(self) -> int:
+        """A window opens; returns its number in the run (from 1)."""
 
     def window_closed(self, reach: dict[int, float] | None) -> None:
         """A window's backward pass is done, with its gradient reach if recorded; its optimizer step comes next."""
@@ -112,15 +112,14 @@ class StreamLoop:
         recompute: int | None,
     ) -> None:
         self.model, self.optimizer_step = model, optimizer_step
-        self.layout, self.carry_hidden, self.recompute = Layout(time_dim), carry_hidden, recompute
+        self.layout, self.carry_hidden = Layout(time_dim), carry_hidden
+        self.planner = StreamPlanner(source, recompute)
         # Only windows that reach into earlier ones keep graphs alive across an optimizer step.
         versions = ParameterVersions(optimizer_step.parameters) if source.spans_windows else None
         history = RetainedHistory(model_call, optimizer_step.parameters, versions, recompute is not None)
-        self.stream = StreamState(source, history)
+        self.stream = StreamState(history)
         self.executor = SegmentExecutor(model_call, loss_fn, self.stream, optimizer_step.scaler, target_count_fn)
         self.listener: LoopListener | None = None
-        self.recording = False  # the open window's gradient reach is recorded
-        self.reach_stride: int | None = None  # and its segments end this often, for more points of its profile
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.attributes_checked = False  # the model's attributes were checked for graphs after a first window
 
@@ -129,16 +128,36 @@ class StreamLoop:
         """The stream's retained segments."""
         return self.stream.history
 
+    @property
+    def source(self) -> WindowSource:
+        """The window source in use."""
+        return self.planner.source
+
     def use_source(self, source: WindowSource) -> None:
         """Take the windows from ``source`` from the stream's start; one that reaches back gets weight versions."""
         if source.spans_windows and self.history.versions is None:
             self.history.versions = ParameterVersions(self.optimizer_step.parameters)
-        self.stream.source = source
+        self.planner.source = source
 
     def reset(self) -> None:
-        """Forget the stream and the accumulated windows: a run starts afresh."""
-        self.stream.reset()
+        """Forget the stream, the accumulated windows and a refused step: a run starts afresh."""
+        self.reset_stream()
         self.optimizer_step.reset()
+        self.failed = None
+
+    def reset_stream(self) -> None:
+        """Forget the stream (position, hidden state, history, open window); a new one starts at step 0."""
+        self.stream.reset()
+        self.planner.reset()
+
+    def state_dict(self) -> dict:
+        """The stream and its windows (:meth:`StreamState.state_dict`, :meth:`StreamPlanner.state_dict`)."""
+        return {**self.stream.state_dict(), **self.planner.state_dict()}
+
+    def load_state_dict(self, state: dict, window: int) -> None:
+        """Restore :meth:`state_dict`'s stream; ``window`` is the run's window count, for the open window's reach."""
+        self.planner.load_state_dict(state, window)
+        self.stream.load_state_dict(state)
 
     # -- one batch ---------------------------------------------------------------------------------------------
     def check_batch(self, x: Any, y: Any, starts: Any) -> tuple[int, dict[int, torch.Tensor]]:
@@ -165,7 +184,7 @@ class StreamLoop:
             if self.carry_hidden and self.stream.hidden is not None:
                 check_resettable(self.stream.hidden, columns)
             else:  # known after the stream's first model call
-                self.executor.check_columns = columns
+                self.executor.expect_columns(columns)
         return resets
 
     def run_batch(
@@ -177,9 +196,9 @@ class StreamLoop:
         no window runs after a refused step (:attr:`failed`).
         """
         self.model.train()
-        stream, run, steps = self.stream, self.executor.run, self.layout.steps
+        stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
         if not self.carry_hidden:
-            stream.reset()
+            self.reset_stream()
         offset = stream.position
         batch_end = offset + length
         stream_end = batch_end if not self.carry_hidden or last else None
@@ -187,22 +206,10 @@ class StreamLoop:
         one_window_per_step = self.optimizer_step.one_window_per_step
         total, predictions = LossSum(), []
         while stream.position < batch_end and self.failed is None:
-            if stream.window is None:
+            if planner.window is None:
                 self._open_window()
             next_start = _next_start(sequence_starts, stream.position) if sequence_starts else None
-            stride = self.reach_stride if self.recording else None
-            plan = plan_segment(
-                stream.source,
-                stream.window,
-                stream.position,
-                batch_end,
-                stream_end,
-                self.recompute,
-                next_start,
-                stride,
-                self.recording,
-                one_window_per_step,
-            )
+            plan = planner.segment(stream.position, batch_end, stream_end, next_start, one_window_per_step)
             start, end = plan.start - offset, plan.end - offset
             result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
             total.add(result.loss, result.targets, plan.whole_window)
@@ -219,16 +226,13 @@ class StreamLoop:
             self.model.train()
         self.optimizer_step.window_started()
         self.stream.open_window()
-        self.recording = self.listener.window_started()
+        self.planner.open_window(self.stream.position, self.listener.window_started())
 
     def close_window(self, end: int, stream_continues: bool) -> None:
         """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due."""
-        stream, source = self.stream, self.stream.source
-        start = stream.window.start
-        cut = source.cut(start, end)
-        stream.following = source.window(end) if stream_continues else None
-        next_cut = None if stream.following is None else stream.following.cut
-        reach = self.executor.close_window(start, cut, next_cut, self.recording)
+        stream = self.stream
+        plan = self.planner.close(end, stream_continues, stream.history.starts())
+        reach = self.executor.close_window(plan)
         if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
             self.attributes_checked = True
             check_attributes(self.model, 1, returned=stream.hidden)
@@ -239,11 +243,10 @@ class StreamLoop:
             # What turns the backpropagated loss into the mean: 1 if the window backpropagated its mean.
             divisor = 1 if self.optimizer_step.backward_mean else stream.window_loss.targets
             profile = reach_profile(reach, end, divisor, scale)
-        stream.window = None
         self.listener.window_closed(profile)
         if self.optimizer_step.window_completed():
             self.take_step()
-        self.listener.window_completed(CompletedWindow(start, end, cut, stream.window_loss))
+        self.listener.window_completed(CompletedWindow(plan.start, end, plan.cut, stream.window_loss))
 
     def take_step(self) -> None:
         """Take the optimizer step over the accumulated windows; a refused one is kept in :attr:`failed`.
@@ -270,12 +273,12 @@ class StreamLoop:
 
     def end_stream(self) -> None:
         """Close the open window and apply the windows not yet applied; the stream starts afresh after."""
-        if self.stream.window is not None:
+        if self.planner.window is not None:
             self.close_window(self.stream.position, stream_continues=False)
-        if self.optimizer_step.windows:
+        if self.optimizer_step.accumulated:
             self.take_step()
         self.collect_failure()
-        self.stream.reset()
+        self.reset_stream()
 
     def collect_failure(self) -> None:
         """Read the device's decisions on the steps taken (one read, where the iteration's output is read anyway)."""

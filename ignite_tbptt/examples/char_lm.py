@@ -62,8 +62,8 @@ from ignite_tbptt import (
     count_targets,
     create_tbptt_evaluator,
     create_tbptt_trainer,
+    load_checkpoint,
 )
-from ignite_tbptt import load_checkpoint as read_checkpoint
 from ignite_tbptt.data import pack_sequences, stream_batches
 
 __all__ = [
@@ -423,14 +423,14 @@ def new_run_dir(root: Path) -> Path:
     return path
 
 
-def load_checkpoint(path: Path, device: Any) -> dict:
-    """Read a checkpoint of this job with ``weights_only=True`` (:func:`ignite_tbptt.load_checkpoint`).
+def read_resumed(path: Path, device: Any) -> dict:
+    """Read the checkpoint ``--resume`` names with ``weights_only=True`` (:func:`ignite_tbptt.load_checkpoint`).
 
     Raises:
         SystemExit: if the file cannot be read, or holds other objects (loading those could run code).
     """
     try:
-        return read_checkpoint(path, map_location=device)
+        return load_checkpoint(path, map_location=device)
     except (OSError, ValueError) as error:
         raise SystemExit(str(error)) from None
 
@@ -541,7 +541,7 @@ def resume(args: argparse.Namespace, to_save: dict, device: Any, say: Any) -> No
             :func:`ignite_tbptt.load_checkpoint`), or more epochs done than ``--epochs``.
     """
     try:
-        Checkpoint.load_objects(to_save, load_checkpoint(args.resume, device))
+        Checkpoint.load_objects(to_save, read_resumed(args.resume, device))
     except ValueError as error:
         raise SystemExit(f"--resume {args.resume}: {error}") from None
     state = to_save["trainer"].state

@@ -107,7 +107,7 @@ class AdaptiveTruncation(WindowSource):
             raise ValueError(f"k2 must lie in [k2_min, k2_max] = [{k2_min}, {k2_max}], got {self.k2}.")
         self.delta = delta
         self.rates: deque[float] = deque(maxlen=memory)  # log of the decay per step, one per recorded window
-        self.windows: Schedule | RandomWindows | None = None  # the trainer's windows, whose cuts this decides
+        self.base: Schedule | RandomWindows | None = None  # the trainer's own source: its windows, this one's cuts
         self._planned: dict[int, tuple[int, int]] = {}  # window start -> (k2 it was planned with, lowest cut)
         self._last_cut = 0
 
@@ -132,21 +132,21 @@ class AdaptiveTruncation(WindowSource):
                 f"k2_min must exceed the trainer's k1 ({self.k2_min} <= {windows.k1}): the decay is measured "
                 "between a window's start and its cut, which coincide when k2 = k1. Use k2_min > k1."
             )
-        self.windows = windows
+        self.base = windows
         step.use_source(self)
         return self
 
     @property
     def k1(self) -> int:
         """The trainer's k1 (its base window length for random windows)."""
-        if self.windows is None:
+        if self.base is None:
             raise TypeError("AdaptiveTruncation is a handler: AdaptiveTruncation(...).attach(trainer).")
-        return self.windows.k1
+        return self.base.k1
 
     # -- the window source ------------------------------------------------------------------------------------
     def window(self, start: int) -> Window:
         """The trainer's window starting at ``start``, with the cut of the k2 current on the first request."""
-        end = self.windows.window(start).end
+        end = self.base.window(start).end
         if start not in self._planned:
             self._planned[start] = (self.k2, self._last_cut)
         cut = self.cut(start, end)
@@ -162,7 +162,7 @@ class AdaptiveTruncation(WindowSource):
         """A new stream: forget its planned windows; k2 and the estimate go on."""
         self._planned.clear()
         self._last_cut = 0
-        self.windows.reset()
+        self.base.reset()
 
     def state_dict(self) -> dict[str, Any]:
         """k2, the recent decay estimates, the windows planned in the current stream and the trainer's windows."""
@@ -171,7 +171,7 @@ class AdaptiveTruncation(WindowSource):
             "rates": list(self.rates),
             "planned": dict(self._planned),
             "last_cut": self._last_cut,
-            "windows": {} if self.windows is None else self.windows.state_dict(),
+            "windows": {} if self.base is None else self.base.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -180,12 +180,12 @@ class AdaptiveTruncation(WindowSource):
             self.k2, self._last_cut = state["k2"], state["last_cut"]
             self.rates = deque(state["rates"], maxlen=self.memory)
             self._planned = {start: tuple(v) for start, v in state["planned"].items()}
-            if self.windows is not None:
-                self.windows.load_state_dict(state.get("windows", {}))
+            if self.base is not None:
+                self.base.load_state_dict(state.get("windows", {}))
 
     def hparams(self) -> dict[str, Any]:
         """The trainer's window hyper-parameters but its k2, then delta, the bounds of k2 and the recording period."""
-        windows = {} if self.windows is None else self.windows.hparams()
+        windows = {} if self.base is None else self.base.hparams()
         windows.pop("k2", None)
         return {**windows, "delta": self.delta, "k2_min": self.k2_min, "k2_max": self.k2_max, "every": self.every}
 

@@ -3,15 +3,34 @@
 A window source (:class:`WindowSource`) decides each window of a stream, ``[start, end)`` and its cut: fixed
 TBPTT(k1, k2) windows (:class:`Schedule`), random lengths (:class:`RandomWindows`) or unbiased truncation
 (:class:`ARTBP`). :func:`plan_segment` turns a window and the batch at hand into the decisions for one model call,
-a :class:`SegmentPlan`, which the runtime only carries out. Modules here import nothing but the standard library,
+a :class:`SegmentPlan`, and :func:`plan_close` the close of a window into its cut, the next window and every step
+of its backward sweep, a :class:`ClosePlan`; the runtime only carries them out. A :class:`StreamPlanner` asks the
+source for one stream and makes both plans; :class:`ReachRequests` decides which windows record their gradient
+reach. Modules here import nothing but the standard library,
 each other and :mod:`ignite_tbptt.checks`, so every decision is tested without a tensor. A new window source goes
 here, as a subclass of :class:`WindowSource`.
 """
 
 from .artbp import ARTBP
+from .close_plan import ClosePlan, SweepStep, plan_close
 from .random_windows import RandomWindows
+from .reach import ReachRequests
 from .schedule import Schedule
 from .segment_plan import SegmentPlan, plan_segment
+from .stream_planner import StreamPlanner
 from .window import Window, WindowSource
 
-__all__ = ["Window", "WindowSource", "Schedule", "RandomWindows", "ARTBP", "SegmentPlan", "plan_segment"]
+__all__ = [
+    "Window",
+    "WindowSource",
+    "Schedule",
+    "RandomWindows",
+    "ARTBP",
+    "SegmentPlan",
+    "plan_segment",
+    "ClosePlan",
+    "SweepStep",
+    "plan_close",
+    "ReachRequests",
+    "StreamPlanner",
+]

@@ -39,6 +39,8 @@ class SegmentPlan(NamedTuple):
     start: int
     #: End (exclusive) of the segment.
     end: int
+    #: The segment's window as its source planned it (a stream's end may end it earlier: ``window_end``).
+    window: Window
     #: End of the segment's window if known when the segment runs, else ``None`` (the window continues into a
     #: later batch of a stream whose length is unknown).
     window_end: int | None
@@ -51,7 +53,7 @@ class SegmentPlan(NamedTuple):
     #: Its loss is backpropagated through the whole segment at once, so no loss gradient is owed.
     backward_now: bool
     #: It runs without a graph, and the backward sweep rebuilds it (recomputation mode).
-    recompute: bool
+    rebuilt: bool
     #: A later window's backward pass reaches it, if the stream goes on past it.
     reached_later: bool
     #: Its graph must keep the weights it ran with across optimizer steps.
@@ -166,6 +168,7 @@ def plan_segment(
     return SegmentPlan(
         step,
         end,
+        window,
         window_end,
         opens_window,
         closes_window,

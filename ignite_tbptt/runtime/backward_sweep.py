@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..planning import ClosePlan
 from . import hidden as hs
 from . import rng
 from .compiled import retainable
@@ -42,7 +43,7 @@ class Replay:
         hidden: the input hidden state (the leaves the segment ran from), or ``None`` at the stream's start.
         rng: the random state the forward pass started from.
         version: the weights it ran with (``None`` when no optimizer step can intervene, k2 <= k1).
-        hidden_grad: whether a backward pass may carry gradient into the input hidden state.
+        hidden_requires_grad: whether a backward pass may carry gradient into the input hidden state.
         starts: the columns that start a sequence at the segment's first step, shape ``(B,)``, or ``None``.
     """
 
@@ -50,7 +51,7 @@ class Replay:
     hidden: Any
     rng: rng.RNGState
     version: WeightVersion | None
-    hidden_grad: bool
+    hidden_requires_grad: bool
     starts: torch.Tensor | None = None
 
 
@@ -175,52 +176,39 @@ class RetainedHistory:
         """Drop every retained graph (at the end of a stream, or after a skipped optimizer step)."""
         self.segments.clear()
 
-    def backward(
-        self,
-        start: int,
-        cut: int,
-        next_cut: int | None,
-        reach: list | None = None,
-        factors: dict[int, float] | None = None,
-    ) -> None:
-        """Backward sweep of the window that starts at ``start``, then drop what the next window does not reach.
+    def starts(self) -> list[int]:
+        """The first step of each retained segment, oldest first, as :func:`~ignite_tbptt.planning.plan_close` takes."""
+        return [segment.start for segment in self.segments]
+
+    def backward(self, plan: ClosePlan, reach: list | None = None) -> None:
+        """The backward sweep of a window as ``plan`` says, then drop the segments the next window does not reach.
 
         Every step's loss in the window flows back to the window's cut; segments of the window that lie
         before the cut (k2 < k1) get their own loss only. Gradients accumulate in the parameters' ``.grad``.
 
         Args:
-            start: first step of the window; its last segment must have been appended.
-            cut: the window's cut.
-            next_cut: the cut of the next window, or ``None`` if the stream ends with this window.
+            plan: the window's close, planned from :meth:`starts` (its last segment must have been appended).
             reach: if a list, each traversed segment from the cut on appends ``(step, gradients)``: the gradient
                 of the window's (scaled, summed) loss reaching its input hidden state, one entry per tensor.
-            factors: ``{step: factor}``: the hidden-state gradient that crosses ``step`` on its way back (a segment
-                starts there) is multiplied by ``factor`` (ARTBP's compensation, :class:`~ignite_tbptt.ARTBP`).
         """
         if not self.segments:  # every segment was paid at once (k1 = k2, say): nothing to sweep or drop
             return
+        segments = self.segments
         # Graphs the next window traverses again are backpropagated with retain_graph: one switch for the sweep.
-        retaining = next_cut is not None and bool(self.segments) and self.segments[-1].start >= next_cut
-        with retainable(retaining):
+        with retainable(plan.retains):
             hidden_grad = None
-            for segment in reversed(self.segments):
-                if segment.start < cut:
-                    if segment.start < start:
-                        break
+            for step in plan.sweep:
+                segment = segments[step.index]
+                if step.own_loss_only:
                     self._traverse(segment, None, retain=False)
                     continue
-                retain = next_cut is not None and segment.start >= next_cut
-                reached = self._traverse(segment, hidden_grad, retain)
-                factor = factors.get(segment.start) if factors else None
-                if factor is not None:
-                    reached = [None if g is None else g * factor for g in reached]
+                reached = self._traverse(segment, hidden_grad, step.retain)
+                if step.factor is not None:
+                    reached = [None if g is None else g * step.factor for g in reached]
                 if reach is not None and reached:
                     reach.append((segment.start, reached))
-                hidden_grad = reached if segment.start > cut else None
-        if next_cut is None:
-            self.segments.clear()
-        else:
-            self.segments = [s for s in self.segments if s.start >= next_cut]
+                hidden_grad = reached if step.passes_on else None
+        self.segments = segments[plan.keep_from :]
 
     def _traverse(self, segment: Segment, hidden_grad: list | None, retain: bool) -> list[torch.Tensor | None]:
         if segment.outputs is not None:
@@ -234,7 +222,9 @@ class RetainedHistory:
         Returns:
             The new input hidden-state leaves, the predictions and the output hidden state.
         """
-        hidden_in, inputs = (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_grad)
+        hidden_in, inputs = (
+            (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_requires_grad)
+        )
         with rng.replayed(replay.rng, replay.x.device):
             y_pred, hidden_out = self.model_call(replay.x, hidden_in, self.versions, keep_weights, replay.starts)
         return inputs, y_pred, hidden_out
@@ -276,7 +266,7 @@ class RetainedHistory:
                     "end": segment.end,
                     "x": replay.x,
                     "hidden": hs.detached(replay.hidden),
-                    "hidden_requires_grad": replay.hidden_grad,
+                    "hidden_requires_grad": replay.hidden_requires_grad,
                     "starts": replay.starts,
                     "rng": replay.rng,
                     "version": next((i for i, v in enumerate(versions) if v is replay.version), None),

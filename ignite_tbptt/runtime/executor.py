@@ -15,12 +15,13 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..planning import SegmentPlan
+from ..planning import ClosePlan, SegmentPlan
 from . import hidden as hs
 from . import rng
 from .backward_sweep import Replay, Segment
 from .in_place import StateWrittenInPlace
 from .model_call import ModelCall
+from .module_state import check_state_cut
 from .profiling import NO_CONTEXT, profiled
 from .reset import check_resettable
 from .stream import StreamState
@@ -62,7 +63,12 @@ class SegmentExecutor:
     ) -> None:
         self.model_call, self.loss_fn, self.stream = model_call, loss_fn, stream
         self.scaler, self.target_count_fn = scaler, target_count_fn
-        self.check_columns: int | None = None  # columns the default reset must handle, checked at the next call
+        self._columns_to_check: int | None = None  # columns the default reset must handle, checked at the next call
+        self._state_cut_checked = False  # whether a call's returned state was checked not to grow from the last one
+
+    def expect_columns(self, columns: int) -> None:
+        """Check at the next model call, before any reset or backward, that the default reset handles ``columns``."""
+        self._columns_to_check = columns
 
     def run(
         self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool = False
@@ -85,6 +91,8 @@ class SegmentExecutor:
             ValueError: if it returns a tensor of more than 0 dimensions, or one without a graph.
             StateWrittenInPlace: if the model wrote into the hidden state it was given, naming the leaf, the segment
                 and its window.
+            RuntimeError: at the stream's second call, if the returned state's graph reaches the state the first
+                returned: the model does not read the state it is given (:func:`check_state_cut`).
         """
         stream = self.stream
         hidden, versions = stream.hidden, stream.history.versions
@@ -94,19 +102,20 @@ class SegmentExecutor:
             version = versions.current if versions is not None else None
             replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
         try:
-            with torch.no_grad() if plan.recompute else NO_CONTEXT, profiled("tbptt.forward"):
+            with torch.no_grad() if plan.rebuilt else NO_CONTEXT, profiled("tbptt.forward"):
                 y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
         except StateWrittenInPlace as error:
-            window = stream.window
-            where = f"the segment [{plan.start}, {plan.end}) of the window [{window.start}, {window.end})"
+            where = f"the segment [{plan.start}, {plan.end}) of the window [{plan.window.start}, {plan.window.end})"
             raise error.locate(where) from error.__cause__
-        if self.check_columns is not None:  # before the first reset uses it, and before any backward
-            check_resettable(hidden_out, self.check_columns)
-            self.check_columns = None
+        if not self._state_cut_checked and hidden is not None:  # once, before its backward pass
+            self._state_cut_checked = check_state_cut(hidden_out, hidden)
+        if self._columns_to_check is not None:  # before the first reset uses it, and before any backward
+            check_resettable(hidden_out, self._columns_to_check)
+            self._columns_to_check = None
         n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
         y_owed = None
         if plan.detaches_predictions:
-            y_owed = [t.detach().requires_grad_(t.requires_grad or plan.recompute) for t in hs.flatten(y_pred)]
+            y_owed = [t.detach().requires_grad_(t.requires_grad or plan.rebuilt) for t in hs.flatten(y_pred)]
         loss: Any = 0.0
         root = None
         if n:
@@ -130,7 +139,7 @@ class SegmentExecutor:
                 segment.outputs = hs.flatten(hidden_out)
             elif not plan.backward_now:
                 segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if n else None
-                if plan.recompute:  # the sweep builds its graph again
+                if plan.rebuilt:  # the sweep builds its graph again
                     segment.inputs, segment.outputs = [], None
                 else:
                     segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if n else None
@@ -139,20 +148,18 @@ class SegmentExecutor:
         stream.window_loss.add(loss, n, plan.whole_window)
         return SegmentResult(loss, n, hs.detached(y_pred) if keep_predictions else None)
 
-    def close_window(self, start: int, cut: int, next_cut: int | None, recording: bool) -> list | None:
-        """The backward sweep of the window that starts at ``start``; see :meth:`RetainedHistory.backward`.
-
-        The stream's source gives the factors of the hidden-state gradient inside the window (ARTBP's
-        compensation), asked only when a sweep runs.
+    def close_window(self, plan: ClosePlan) -> list | None:
+        """The backward sweep of a window as its ``plan`` says; see :meth:`RetainedHistory.backward`.
 
         Returns:
-            The ``(step, gradients)`` the sweep gathered if ``recording``, else ``None``.
+            The ``(step, gradients)`` the sweep gathered if the plan records the window's reach, else ``None``.
         """
-        if not recording and not self.stream.history.segments:  # every segment was paid at once (k1 = k2, say)
+        history = self.stream.history
+        if not plan.recorded and not history.segments:  # every segment was paid at once (k1 = k2, say)
             return None
-        reach: list | None = [] if recording else None
+        reach: list | None = [] if plan.recorded else None
         with profiled("tbptt.sweep"):
-            self.stream.history.backward(start, cut, next_cut, reach, self.stream.source.compensation(start))
+            history.backward(plan, reach)
         return reach
 
 

@@ -23,8 +23,9 @@ import torch
 from torch.utils import _pytree as pytree
 
 from . import hidden as hs
+from .in_place import tensors_with_paths
 
-__all__ = ["ModuleState", "attributes_with_graph", "check_attributes"]
+__all__ = ["ModuleState", "attributes_with_graph", "check_attributes", "check_state_cut"]
 
 # module -> {attribute: the value every stream starts from}, for every ModuleState naming the attribute.
 _INITIAL: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -123,8 +124,8 @@ def attributes_with_graph(model: torch.nn.Module, known: Sequence[str] = (), ret
     cache is safe: the trainer carries, cuts, resets and saves that tensor through the returned tree, and hands each
     call a detached copy of it, so the attribute's graph spans the last model call only, and the next call
     overwrites the attribute. A copy of the state, a function of it or any tensor the returned tree does not hold
-    is not a cache. The argument assumes the model reads its state from the state it is given: one that reads the
-    cache back instead is not told apart here.
+    is not a cache. A model that reads the cache back instead of the state it is given is refused by
+    :func:`check_state_cut`.
 
     Args:
         model: the model.
@@ -167,3 +168,45 @@ def check_attributes(model: torch.nn.Module, window: int, returned: Any = None) 
             "the trainer (and the evaluator); if they are not state, store them detached "
             "(docs/howto/stateful-models.md)."
         )
+
+
+def check_state_cut(returned: Any, previous: Any, limit: int = 100_000) -> bool:
+    """Refuse a model call whose returned state's graph reaches the state the call before it returned.
+
+    The trainer hands each call a detached copy of the state the previous call returned, so a model that reads its
+    state from its argument returns a state whose graph starts at that copy. One that reads it from elsewhere (an
+    attribute caching the last state, snnTorch's ``self.mem`` when called without ``mem``) chains every call onto the
+    last: the graph grows across windows, and the cuts, resets and checkpoints the trainer applies to the state it
+    carries never reach the state the model uses. Checked once per stream's second call: a walk of that call's graph.
+
+    Args:
+        returned: the state the call returned, a tensor or a tree of them.
+        previous: the state the call before it returned (the one the trainer handed on, detached).
+        limit: the most graph nodes to visit.
+
+    Returns:
+        Whether there was anything to check: ``previous`` has a graph (not a state loaded from a checkpoint, say).
+
+    Raises:
+        RuntimeError: naming the returned state's leaf whose graph reaches the earlier state, and the fix.
+    """
+    earlier = {t.grad_fn for t in hs.flatten(previous) if t.grad_fn is not None}
+    if not earlier:
+        return False
+    for path, tensor in tensors_with_paths(returned):
+        pending, seen = [tensor.grad_fn], set()
+        while pending and len(seen) < limit:
+            node = pending.pop()
+            if node is None or node in seen:
+                continue
+            if node in earlier:
+                raise RuntimeError(
+                    f"the hidden state the model returned ({path}) has a graph reaching the state it returned one call "
+                    "before: the model reads its state from somewhere else than the state it is given (an attribute "
+                    "that caches it, say), so its graph grows across windows and the trainer's cuts and resets never "
+                    "reach it. Pass the state it is given on to every layer (snnTorch: lif(x, mem), not lif(x)), "
+                    "or keep the state in attributes and name them with module_state (docs/howto/stateful-models.md)."
+                )
+            seen.add(node)
+            pending.extend(next_node for next_node, _ in node.next_functions)
+    return True

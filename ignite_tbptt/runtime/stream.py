@@ -7,7 +7,6 @@ from typing import Any
 
 import torch
 
-from ..planning import Window, WindowSource
 from . import hidden as hs
 from .backward_sweep import RetainedHistory
 from .loss_sum import LossSum
@@ -17,48 +16,36 @@ __all__ = ["StreamState"]
 
 @dataclass(eq=False)
 class StreamState:
-    """Where the trainer is in its stream: position, hidden state, open window and retained history.
+    """Where the trainer is in its stream: position, hidden state, the open window's loss and retained history.
 
     With ``carry_hidden=True`` it lives through the iterations of an epoch; otherwise every batch starts it
     anew. :meth:`state_dict` saves it as plain tensors and numbers (the history as what rebuilds it), so a
-    run resumed from a checkpoint continues the stream exactly.
+    run resumed from a checkpoint continues the stream exactly. Its windows are the planner's
+    (:class:`~ignite_tbptt.planning.StreamPlanner`), which saves them beside it.
 
     Attributes:
-        source: the window source of the stream.
         history: the retained segments.
         position: steps of the stream run so far.
         columns: parallel columns (the batch size) of a carried stream, once known.
         hidden: the hidden state after the last step (``None`` at the stream's start).
-        window: the open window, or ``None`` between windows.
         window_loss: the loss of the open window's steps so far, with their target count.
-        following: the window the source gave for the last completed window's end, if asked already (sources
-            give the same window for the same start until :meth:`reset`, so it need not be asked twice).
     """
 
-    source: WindowSource
     history: RetainedHistory
     position: int = 0
     columns: int | None = None
     hidden: Any = None
-    window: Window | None = None
     window_loss: LossSum = field(default_factory=LossSum)
-    following: Window | None = None
 
     def reset(self) -> None:
-        """Forget the stream: position 0, no hidden state, no retained history, no open window."""
-        self.position, self.columns, self.hidden, self.window, self.following = 0, None, None, None, None
+        """Forget the stream: position 0, no hidden state, no retained history, no window loss."""
+        self.position, self.columns, self.hidden = 0, None, None
         self.window_loss = LossSum()
         self.history.clear()
-        self.source.reset()
 
-    def open_window(self) -> Window:
-        """Start the window that begins at the current position."""
-        window = self.following
-        if window is None or window.start != self.position:
-            window = self.source.window(self.position)
-        self.window, self.following = window, None
+    def open_window(self) -> None:
+        """A window starts at the current position: its loss starts at zero."""
         self.window_loss = LossSum()
-        return self.window
 
     def check_columns(self, columns: int) -> None:
         """Check that a batch of a carried stream has the stream's ``columns``; the epoch's first batch sets them.
@@ -86,9 +73,7 @@ class StreamState:
             "position": self.position,
             "columns": self.columns,
             "hidden": hs.detached(self.hidden),
-            "window": None if self.window is None else self.window.start,
             **self.window_loss.state_dict(),
-            "source": self.source.state_dict(),
             **self.history.state_dict(),
         }
 
@@ -98,9 +83,7 @@ class StreamState:
         Call it once the model and the optimizer hold the checkpoint's values.
         """
         self.reset()
-        self.source.load_state_dict(state.get("source", {}))  # absent in checkpoints written by 0.1.0
         self.position, self.hidden = state["position"], state["hidden"]
         self.columns = state["columns"] if "columns" in state else state["streams"]  # "streams" up to 0.3
-        self.window = None if state["window"] is None else self.source.window(state["window"])
         self.window_loss.load_state_dict(state)
         self.history.load_state_dict(state)

@@ -136,9 +136,11 @@ def test_a_rebuild_that_fails_leaves_the_checkpoints_weights_and_a_fresh_stream(
 def test_resuming_an_adaptive_run_without_its_handler_is_refused(tmp_path):
     path = checkpoint(tmp_path, 2, **SAVED, adaptive=True)
     model, optimizer, trainer = build(**SAVED)
-    Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, load_checkpoint(path))
-    with pytest.raises(ValueError, match="windows from AdaptiveTruncation, this trainer's come from Schedule"):
-        trainer.run(BATCHES, max_epochs=2)
+    before = [p.detach().clone() for p in model.parameters()]
+    # Refused as any other change of windows mid-stream, before the model or the optimizer loads.
+    with pytest.raises(ValueError, match=r"windows: saved AdaptiveTruncation\(k1=3, delta=.*\), given Schedule\(k1=3"):
+        Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, load_checkpoint(path))
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
     model, optimizer, trainer = build(**SAVED, adaptive=True)
     Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, load_checkpoint(path))
     assert trainer.run(BATCHES, max_epochs=2).iteration == 10
@@ -151,3 +153,16 @@ def test_load_checkpoint_names_a_file_it_cannot_read(tmp_path):
         load_checkpoint(truncated)
     with pytest.raises(OSError, match="cannot read the checkpoint .*missing.pt"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_an_older_record_of_an_adaptive_run_is_read_as_it_was_meant(tmp_path):
+    # Up to 0.4.0.dev0 the record named the built windows, Schedule, and the handler's source apart, by type.
+    state = load_checkpoint(checkpoint(tmp_path, 2, **SAVED, adaptive=True))
+    record = state["trainer"]["tbptt"]["configuration"]
+    record["windows"], record["source"] = {"type": "Schedule", "k1": 3, "k2": 7}, "AdaptiveTruncation"
+    model, optimizer, trainer = build(**SAVED)
+    with pytest.raises(ValueError, match=r"windows: saved AdaptiveTruncation\(\), given Schedule\(k1=3, k2=7\)"):
+        Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, state)
+    model, optimizer, trainer = build(**SAVED, adaptive=True)
+    Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, state)
+    assert trainer.run(BATCHES, max_epochs=2).iteration == 10

@@ -255,6 +255,30 @@ def test_an_attribute_holding_what_the_returned_state_does_not_is_still_refused(
     assert_same_parameters(model, before, atol=0)  # refused before the first step
 
 
+class ReadsItsCacheBack(SpikingNet):
+    """Returns both membranes, but after the first call runs its neurons without them: each reads ``self.mem``."""
+
+    def forward(self, x, state=None):
+        m1, m2 = (self.lif1.reset_mem(), self.lif2.reset_mem()) if state is None else (None, None)
+        membranes = []
+        for x_t in x:
+            s1, m1 = self.lif1(self.fc1(x_t), m1) if m1 is not None else self.lif1(self.fc1(x_t))
+            _, m2 = self.lif2(self.fc2(s1.to(x.dtype)), m2) if m2 is not None else self.lif2(self.fc2(s1.to(x.dtype)))
+            membranes.append(m2)
+        return torch.stack(membranes), (m1, m2)
+
+
+@pytest.mark.parametrize("k1,k2", [(5, 5), (3, 7)], ids=["k1=5-k2=5", "k1=3-k2=7"])
+def test_a_model_that_reads_its_cached_state_back_instead_of_the_state_given_is_refused(k1, k2):
+    # Its graph would grow across windows: at k2 > k1 it would train on silently, the cuts and resets never applied.
+    torch.manual_seed(0)
+    model = ReadsItsCacheBack().double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, k1, k2, carry_hidden=True)
+    with pytest.raises(RuntimeError, match=r"the hidden state the model returned \(state\[0\]\) has a graph reaching"):
+        trainer.run(make_batches([12]))
+    assert trainer.state.optimizer_step <= 1  # refused at the second call, before its backward pass
+
+
 # -- states that are objects ------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class LSTMState:

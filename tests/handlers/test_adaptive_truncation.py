@@ -111,7 +111,7 @@ def test_the_decay_is_fitted_between_the_window_start_and_the_cut_only():
     # A window of 4 steps: the lags 1 and 2 inside it carry fewer losses and must not enter the fit.
     engine.state.window_bounds = (10, 14, 6)
     engine.state.gradient_reach = {1: 1e-9, 2: 1e-6, 4: 1.0, 8: 0.5**4}
-    adaptive.windows = Schedule(4, 4)  # as attach() sets it, k1 = 4
+    adaptive.base = Schedule(4, 4)  # as attach() sets it, k1 = 4
     adaptive.observe(engine)
     assert adaptive.rates[0] == pytest.approx(math.log(0.5))
     assert adaptive.k2 == engine.state.k2 == 10  # 0.5 ** (10 - 4 + 1) <= 0.01 < 0.5 ** 6
@@ -225,7 +225,7 @@ def test_planned_windows_tile_never_move_their_cuts_back_and_stay_within_k2_max(
     # Whatever k2 the estimate asks for between windows, the source keeps the rules the retained history needs.
     k2_min, k2_max = k1 + bounds[0], k1 + bounds[0] + bounds[1]
     adaptive = AdaptiveTruncation(delta=0.1, k2_min=k2_min, k2_max=k2_max)
-    adaptive.windows = RandomWindows(k1, std=2.0, min_length=1, seed=0) if random_lengths else Schedule(k1, k1)
+    adaptive.base = RandomWindows(k1, std=2.0, min_length=1, seed=0) if random_lengths else Schedule(k1, k1)
     start, last_cut = 0, 0
     for k2 in k2s:
         adaptive.k2 = min(k2_max, max(k2_min, k2))  # as choose() bounds it

@@ -120,7 +120,7 @@ def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths
         # (A start does not change this: the reset cuts only some columns, the others still need the graph.)
         if plan.backward_now and not plan.own_loss_only:
             assert plan.closes_window and not later_reach and recompute is None
-        assert plan.recompute == (recompute is not None and not plan.own_loss_only)
+        assert plan.rebuilt == (recompute is not None and not plan.own_loss_only)
         assert plan.loss_owed == (not plan.backward_now)
         # The sweep starts right after a window's last segment: one that owes its loss pays it in the sweep, unless
         # the sweep rebuilds it (recomputation).

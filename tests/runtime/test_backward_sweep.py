@@ -3,8 +3,28 @@
 import pytest
 import torch
 
+from ignite_tbptt.planning import Window, WindowSource, plan_close
 from ignite_tbptt.runtime import ModelCall, ParameterVersions, Replay, RetainedHistory, Segment, rng
 from ignite_tbptt.runtime import hidden as hs
+
+
+class Planned(WindowSource):
+    """A source whose windows have the given cut, followed by a window with the given cut (or none)."""
+
+    def __init__(self, cut, next_cut):
+        self._cut, self._next_cut = cut, next_cut
+
+    def cut(self, start, end):
+        return self._cut
+
+    def window(self, start):
+        return Window(start, start + 1, self._next_cut)
+
+
+def sweep(history, start, cut, next_cut):
+    """The backward sweep of the window from ``start`` with ``cut``, planned as the loop plans it."""
+    plan = plan_close(Planned(cut, next_cut), start, start + 1, next_cut is not None, history.starts())
+    history.backward(plan)
 
 
 class Linear1(torch.nn.Module):
@@ -73,7 +93,7 @@ def test_one_sweep_equals_backpropagating_every_loss_to_the_cut(recompute):
     history = RetainedHistory(call, lambda: [model.w], None, recompute)
     x = torch.randn(10, dtype=torch.float64)
     run(history, call, x, [(0, 3), (3, 6), (6, 8), (8, 10)], owed_from=6, recompute=recompute)
-    history.backward(start=6, cut=3, next_cut=None)  # window [6, 10) reaching back to step 3
+    sweep(history, 6, 3, None)  # window [6, 10) reaching back to step 3
     torch.testing.assert_close(model.w.grad, unrolled_gradient(x, 0.9, 3, 6, 10), rtol=1e-12, atol=0)
     assert history.segments == []
 
@@ -83,7 +103,7 @@ def test_segments_the_next_window_reaches_survive_and_are_swept_again():
     history = RetainedHistory(call, lambda: [model.w], None, False)
     x = torch.randn(8, dtype=torch.float64)
     run(history, call, x, [(0, 2), (2, 4)], owed_from=0)
-    history.backward(start=0, cut=0, next_cut=2)  # window [0, 4); the next one reaches back to step 2
+    sweep(history, 0, 0, 2)  # window [0, 4); the next one reaches back to step 2
     assert [s.start for s in history.segments] == [2]
     first = model.w.grad.clone()
     torch.testing.assert_close(first, unrolled_gradient(x, 0.9, 0, 0, 4), rtol=1e-12, atol=0)
@@ -94,7 +114,7 @@ def test_segments_the_next_window_reaches_survive_and_are_swept_again():
     hidden_in, inputs = hs.as_leaves(hidden, True)
     y_pred, out = call(x[4:6], hidden_in)
     history.append(Segment(4, 6, inputs, [out], [y_pred], [torch.tensor([5.0, 6.0], dtype=torch.float64)]))
-    history.backward(start=4, cut=2, next_cut=None)
+    sweep(history, 4, 2, None)
     torch.testing.assert_close(model.w.grad, unrolled_gradient(x, 0.9, 2, 4, 6), rtol=1e-12, atol=0)
 
 
@@ -108,7 +128,7 @@ def test_a_rebuilt_segment_runs_with_its_own_weights_and_random_state():
     versions.freeze()  # an optimizer step: the weights change in place
     with torch.no_grad():
         model.w.mul_(2.0)
-    history.backward(start=0, cut=0, next_cut=None)
+    sweep(history, 0, 0, None)
 
     # The same computation by hand: dropout masks drawn in the same order, w as it was (0.9).
     torch.manual_seed(masks_seed)
@@ -134,6 +154,6 @@ def test_history_state_dict_rebuilds_the_graphs_it_saved():
         model2.w.copy_(model.w)  # the checkpoint's model holds the stepped weights
     rebuilt = RetainedHistory(call2, lambda: [model2.w], versions2, recompute=False)
     rebuilt.load_state_dict({**state, "weights": [[torch.tensor(0.9, dtype=torch.float64)]], "current_weights": None})
-    rebuilt.backward(start=0, cut=0, next_cut=None)
+    sweep(rebuilt, 0, 0, None)
     torch.testing.assert_close(model2.w.grad, unrolled_gradient(x, 0.9, 0, 0, 6), rtol=1e-12, atol=0)
     assert model2.w.item() == pytest.approx(1.9)
