@@ -14,10 +14,15 @@ window, and on a shared machine noise only adds time (as ``timeit`` advises, the
   step here) against ``create_tbptt_trainer``; ignite's trainer cannot do k2 > k1.
 
 ``ours, unfused SGD`` is ``create_tbptt_trainer`` with the plain SGD, whose finiteness check reads once per step.
-Neither the hand loops nor ignite's trainer check the gradients for inf/NaN; ``create_tbptt_trainer`` does at
-every optimizer step (a kernel and, with a fused optimizer, its ``found_inf`` argument). ``ours, no inf/NaN
-check (ablation)`` is ``create_tbptt_trainer`` with that check replaced by a constant "all finite", to show what
-the check costs: it is not an option of the trainer, and a step with inf/NaN gradients would then be applied.
+Neither the hand loops nor ignite's trainer check anything; ``create_tbptt_trainer`` checks, and the two ablations
+show what each check costs (neither is an option of the trainer):
+
+- ``ours, no inf/NaN check (ablation)``: the gradients' check at every optimizer step (a kernel, the decision kept
+  on the device and, with a fused optimizer, its ``found_inf`` argument) replaced by a constant "all finite"; a
+  step with inf/NaN gradients would then be applied.
+- ``ours, no state checks (ablation)``: the checks around every model call (the version counters of the state it
+  was given, read before and after, so that a write into it is named; the structure and shapes of the state it
+  returns) left out; a model writing into its state would then train on wrong gradients.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch
 from benchmarks import methods
 from benchmarks.report import markdown_table, rotated, write_page
 from ignite_tbptt.engine import optimizer_step
+from ignite_tbptt.runtime import model_call
 
 READS = ("item", "tolist", "__bool__", "__float__", "__int__")
 CASES = [(5, 5), (1, 8)]
@@ -83,6 +89,7 @@ def contenders(k1, k2):
         "ours": methods.ours,
         "ours, unfused SGD": functools.partial(unfused, methods.ours),
         "ours, no inf/NaN check (ablation)": unchecked,
+        "ours, no state checks (ablation)": unchecked_state,
     }
     if k1 == k2:
         return {"hand": methods.hand, "ignite": methods.ignite, **ours}
@@ -103,6 +110,20 @@ def unchecked(*args):
         return all_finite
 
     with mock.patch.object(optimizer_step, "divide_and_check", divide):
+        return methods.ours(*args)
+
+
+def unchecked_state(*args):
+    """``methods.ours`` with the per-call checks of the hidden state off: no write into it, no change of structure.
+
+    What is left is the model call itself (``model(x, hidden)``), to show what the checks cost; the once-per-stream
+    checks (a graph kept in an attribute, a state that does not come in through the argument) stay.
+    """
+
+    def call(self, x, hidden, versions=None, keep_weights=False, starts=None):
+        return self._run(x, hidden, starts)
+
+    with mock.patch.object(model_call.ModelCall, "__call__", call):
         return methods.ours(*args)
 
 

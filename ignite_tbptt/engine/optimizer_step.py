@@ -178,6 +178,10 @@ class OptimizerStep:
         if not self._found_inf:
             return None
         decisions, self._found_inf = self._found_inf, []
+        # A refused step refuses every later one, so the last decision says whether any was refused: one value read,
+        # and all of them only when some step was refused, to name the first.
+        if not decisions[-1][0].item():
+            return None
         refused = torch.stack([found for found, _ in decisions]).tolist()
         first = next((counters for value, (_, counters) in zip(refused, decisions) if value), None)
         return None if first is None else _non_finite(_where(*first), later_skipped=True)

@@ -22,7 +22,7 @@ from .backward_sweep import Replay, Segment
 from .in_place import StateWrittenInPlace
 from .model_call import ModelCall
 from .module_state import check_state_cut
-from .profiling import NO_CONTEXT, profiled
+from .profiling import NO_CONTEXT, profiled, profiling
 from .reset import check_resettable
 from .stream import StreamState
 
@@ -102,7 +102,10 @@ class SegmentExecutor:
             version = versions.current if versions is not None else None
             replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
         try:
-            with torch.no_grad() if plan.rebuilt else NO_CONTEXT, profiled("tbptt.forward"):
+            if plan.rebuilt or profiling():
+                with torch.no_grad() if plan.rebuilt else NO_CONTEXT, profiled("tbptt.forward"):
+                    y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
+            else:  # the usual call, without a context to enter (each costs about a microsecond)
                 y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
         except StateWrittenInPlace as error:
             where = f"the segment [{plan.start}, {plan.end}) of the window [{plan.window.start}, {plan.window.end})"
@@ -119,15 +122,22 @@ class SegmentExecutor:
         loss: Any = 0.0
         root = None
         if n:
-            with self.model_call.autocast():
-                mean = _checked(self.loss_fn(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y))
-                # A sum over the targets, unless backpropagated as the mean: the optimizer step divides by the
-                # target count of all its windows.
-                loss = mean if plan.backward_mean else mean * n
+            predictions = y_pred if y_owed is None else hs.unflatten(y_pred, y_owed)
+            if self.model_call.autocasts:
+                with self.model_call.autocast():
+                    mean = _checked(self.loss_fn(predictions, y))
+            else:
+                mean = _checked(self.loss_fn(predictions, y))
+            # A sum over the targets, unless backpropagated as the mean: the optimizer step divides by the target
+            # count of all its windows.
+            loss = mean if plan.backward_mean else mean * n
             root = self.scaler.scale(loss) if self.scaler is not None else loss
             if not plan.loss_in_sweep:
-                with profiled("tbptt.segment_backward"):
-                    root.backward()
+                if profiling():
+                    with profiled("tbptt.segment_backward"):
+                        torch.autograd.backward(root)
+                else:
+                    torch.autograd.backward(root)
                 root = None
             loss = (mean if plan.whole_window else loss).detach()  # a window's only loss is read as its mean
         if plan.joins_history:

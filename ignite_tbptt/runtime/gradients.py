@@ -47,14 +47,10 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
         A float32 0-dim tensor on the first gradient's device: 1.0 if any gradient (or ``earlier``) is non-finite.
     """
     first = grads[0]
-    device, dtype = first.device, first.dtype
-    if (
-        dtype in _SCALED_DTYPES
-        and (earlier is None or earlier.device == device)
-        and all(not g.is_sparse and g.dtype == dtype and g.device == device for g in grads)
-    ):  # the usual case, one kernel: dense gradients of one dtype on one device
-        found = (earlier if earlier is not None else _zero(device)).clone()
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(device, divisor))
+    if first.dtype in _SCALED_DTYPES and _alike(grads, first) and (earlier is None or _same_device(earlier, first)):
+        # The usual case, one kernel: dense gradients of one dtype on one device.
+        found = earlier.clone() if earlier is not None else torch.zeros((), device=first.device)
+        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(first.device, divisor))
         return found
     # One kernel per device, dtype and whether it divides (GradScaler groups alike: one dtype per kernel).
     groups: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
@@ -81,6 +77,20 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
 
 
 _SCALED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _alike(grads: list[torch.Tensor], first: torch.Tensor) -> bool:
+    # Dense, of first's dtype, on first's device. A plain loop over flags, once per optimizer step: a torch.device
+    # made per gradient, or a generator, costs more than the check's kernel on a small model.
+    dtype, cpu = first.dtype, first.is_cpu
+    for g in grads:
+        if g.is_sparse or g.dtype is not dtype or g.is_cpu is not cpu:
+            return False
+    return cpu or all(g.device == first.device for g in grads)
+
+
+def _same_device(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.is_cpu and b.is_cpu or a.device == b.device
 
 
 @functools.lru_cache(maxsize=64)

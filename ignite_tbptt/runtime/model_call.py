@@ -73,7 +73,10 @@ class ModelCall:
     ) -> None:
         self.model, self.model_fn, self.autocast, self.reset_hidden = model, model_fn, autocast, reset_hidden
         self.initial_state, self.layout = initial_state, layout
-        self._plain = autocast() is _NO_CONTEXT  # no context to enter around a call without weight hooks
+        #: Whether the model and the loss run under autocast: else no context is entered around them.
+        self.autocasts = autocast() is not _NO_CONTEXT
+        # The call is the model's own, ``model(x, hidden)``: called directly, one Python frame instead of three.
+        self._direct = model_fn is default_model_fn and initial_state is None
 
     def __call__(
         self,
@@ -103,8 +106,11 @@ class ModelCall:
         tensors = hs.tensors(hidden)
         versions_before = [t._version for t in tensors]
         try:
-            if self._plain and versions is None:  # k2 <= k1 without autocast: no context to enter
-                output = self._run(x, hidden, starts)
+            if versions is None and not self.autocasts:  # k2 <= k1 without autocast: no context to enter
+                if self._direct and hidden is not None and starts is None:
+                    output = self.model(x, hidden)
+                else:
+                    output = self._run(x, hidden, starts)
             else:
                 hooks = versions.hooks() if keep_weights else _NO_CONTEXT
                 with self.autocast(), hooks, retainable(versions is not None):

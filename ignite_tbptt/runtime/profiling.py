@@ -6,10 +6,14 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
-__all__ = ["profiled", "NO_CONTEXT"]
+__all__ = ["profiled", "profiling", "NO_CONTEXT"]
 
 # Reentrant and stateless: one instance serves every "no context" of a window, without an allocation each time.
 NO_CONTEXT = nullcontext()
+
+
+#: Whether a ``torch.profiler`` runs now: the hot path skips its ranges' contexts altogether when none does.
+profiling = torch.autograd._profiler_enabled
 
 
 def profiled(name: str) -> AbstractContextManager:
