@@ -29,6 +29,7 @@ from ..runtime import (
     check_resettable,
     default_reset_hidden,
     profiled,
+    profiling,
     reach_profile,
 )
 from .optimizer_step import OptimizerStep
@@ -235,7 +236,9 @@ class StreamLoop:
         reach = self.executor.close_window(plan)
         if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
             self.attributes_checked = True
-            check_attributes(self.model, 1, returned=stream.hidden)
+            # The state the stream carries, and the one the last model call returned (a segment rebuilt in the
+            # sweep, in recomputation mode): the tensors a model may cache in its attributes.
+            check_attributes(self.model, 1, returned=(stream.hidden, self.executor.model_call.returned))
         profile = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scaler = self.optimizer_step.scaler
@@ -257,19 +260,25 @@ class StreamLoop:
         if self.history.segments:
             self.history.versions.freeze()
         try:
-            with profiled("tbptt.optimizer_step"):
-                targets = self.optimizer_step.prepare(self.listener.position())
-                if not targets:
-                    return
-                self.listener.step_started(targets)
-                if self.optimizer_step.apply():  # the scaler skipped it: cut the history there
-                    self.stream.recover()
-                self.listener.step_completed()
+            if profiling():
+                with profiled("tbptt.optimizer_step"):
+                    self._step()
+            else:
+                self._step()
         except FloatingPointError as error:
             # No window runs after this one; the iteration ends with a NaN output, and the error is raised
             # when anything would run next, unless a handler (TerminateOnNan) ends the run first.
             self.history.clear()
             self.failed = error
+
+    def _step(self) -> None:
+        targets = self.optimizer_step.prepare(self.listener.position())
+        if not targets:
+            return
+        self.listener.step_started(targets)
+        if self.optimizer_step.apply():  # the scaler skipped it: cut the history there
+            self.stream.recover()
+        self.listener.step_completed()
 
     def end_stream(self) -> None:
         """Close the open window and apply the windows not yet applied; the stream starts afresh after."""

@@ -18,7 +18,7 @@ from .in_place import StateWrittenInPlace
 from .loss_sum import LossSum
 from .model_call import ModelCall, autocast_for, build_model_call, default_model_fn, device_type_of
 from .module_state import ModuleState, attributes_with_graph, check_attributes
-from .profiling import profiled
+from .profiling import profiled, profiling
 from .reset import check_resettable, default_reset_hidden, reset_to
 from .stream import StreamState
 from .weight_versions import ParameterVersions, WeightVersion
@@ -49,4 +49,5 @@ __all__ = [
     "divide_and_check",
     "skips_on_device",
     "profiled",
+    "profiling",
 ]

@@ -209,16 +209,19 @@ class KeepsItsState(Net):
         return y, hidden
 
 
-@pytest.mark.parametrize("k1,k2", [(5, 5), (3, 7)], ids=["k1=5-k2=5", "k1=3-k2=7"])
-def test_snntorch_neurons_returning_their_membranes_train_exactly_though_they_keep_them_too(k1, k2):
+@pytest.mark.parametrize(
+    "k1,k2,recompute", [(5, 5, None), (3, 7, None), (3, 7, 2)], ids=["k1=5-k2=5", "k1=3-k2=7", "k1=3-k2=7-recompute"]
+)
+def test_snntorch_neurons_returning_their_membranes_train_exactly_though_they_keep_them_too(k1, k2, recompute):
     torch.manual_seed(0)
     model = SpikingNet().double()
     reference = copy.deepcopy(model)
     batches = with_starts(make_batches([7, 12, 5]), density=0.15)
     # snnTorch's surrogate spikes are float32 ((u > 0).float()), so each gradient through a spike is rounded to float32:
     # the trainer (a window's losses backpropagated together) and the reference (each step's loss alone) agree to
-    # 2e-9, where a cut one step off moves the parameters by 0.05.
-    train_both(model, reference, k1, k2, batches, lr=0.1, atol=1e-7)
+    # 2e-9, where a cut one step off moves the parameters by 0.05. With recomputation the attributes end holding the
+    # membranes of the last segment rebuilt in the sweep.
+    train_both(model, reference, k1, k2, batches, lr=0.1, atol=1e-7, recompute=recompute)
     assert model.lif1.mem.grad_fn is not None and model.lif2.mem.grad_fn is not None  # the caches were there
 
 
