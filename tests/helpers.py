@@ -13,10 +13,11 @@ from .reference import Net, cross_entropy, reference_train
 def make_batches(lengths, batch=3, n_in=3, n_out=4, time_dim=0, seed=0):
     """Batches of ``(x, y)`` in float64 with the given lengths along ``time_dim``."""
     g = torch.Generator().manual_seed(seed)
+    device = torch.get_default_device()  # the --device a test runs on; drawn on the CPU, so alike everywhere
     batches = []
     for length in lengths:
-        x = torch.randn(length, batch, n_in, generator=g, dtype=torch.float64)
-        y = torch.randint(0, n_out, (length, batch), generator=g)
+        x = torch.randn(length, batch, n_in, generator=g, dtype=torch.float64, device="cpu").to(device)
+        y = torch.randint(0, n_out, (length, batch), generator=g, device="cpu").to(device)
         if time_dim == 1:
             x, y = x.transpose(0, 1).contiguous(), y.t().contiguous()
         batches.append((x, y))

@@ -1,6 +1,10 @@
 import argparse
 import functools
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +13,7 @@ from benchmarks import methods, run
 from ignite_tbptt import RandomWindows
 
 pytestmark = pytest.mark.slow  # runs the quick benchmark
+ROOT = Path(__file__).parent.parent
 
 
 def tiny_batches(steps=24, length=12, batch=3):
@@ -114,3 +119,17 @@ def test_influence_balancing_fixed_windows_diverge_and_artbp_converges():
     assert fixed["final_theta"] > 1000 > -ib.OPTIMUM
     artbp = ib.train(ARTBP(grid=1, mean_length=8, seed=0), steps=6000)
     assert not artbp["diverged"] and abs(artbp["final_theta"] - ib.OPTIMUM) < 0.01
+
+
+def test_the_device_check_runs_every_step_on_the_cpu_at_tiny_sizes(tmp_path):
+    # benchmarks/gpu_check.sh is run by hand on a GPU; its dry run here keeps every step's command working.
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--dry-run"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "every step passed" in done.stdout
+    for name in ("tests", "table-float32", "table-bfloat16", "profile", "main-job"):
+        assert f"== {name}: done" in done.stdout
+    assert "| lstm |" in (tmp_path / "table-float32.md").read_text()
+    assert "bits" in (tmp_path / "main-job.log").read_text()

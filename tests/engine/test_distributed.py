@@ -11,7 +11,7 @@ from ignite_tbptt.data import pack_sequences, stream_batches
 from ..helpers import assert_same_parameters, make_batches
 from ..reference import Net, cross_entropy
 
-pytestmark = pytest.mark.slow  # starts two gloo processes on local ports
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_only("starts gloo processes on the CPU")]  # two processes, local ports
 
 
 K1, K2, ACCUMULATION, EPOCHS = 3, 7, 2, 2
