@@ -90,8 +90,8 @@ def peak_memory_mib() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Train on one long generated stream; returns the last batch's accuracy, the loss and peak memory."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--length", type=int, default=2000, help="tokens generated per stream (default 2000)")
     p.add_argument("--batch-length", type=int, default=200, help="tokens per batch of the stream")
@@ -103,13 +103,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    torch.manual_seed(args.seed)
+    p.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the model and the batches run (default: cuda where available, else cpu)",
+    )
+    return p.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train on one long generated stream; returns the last batch's accuracy, the loss and peak memory."""
+    args = parse_args(argv)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+
+    # Drawn on the CPU, whatever the device, so that a seed gives the same stream everywhere; the trainer moves them.
     x, y = delayed_copy(args.vocab, args.length, args.batch_size, args.delay)
     steps = range(0, args.length, args.batch_length)
     batches = [(x[i : i + args.batch_length], y[i : i + args.batch_length]) for i in steps]
-    model = Decoder(args.vocab, args.hidden)
+    model = Decoder(args.vocab, args.hidden).to(device)
 
     def loss_fn(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten())
@@ -127,6 +139,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         gradient_accumulation_steps=args.accumulation,
         model_fn=decode,
         output_transform=accuracy,
+        device=device,
     )
     state = trainer.run(batches, max_epochs=1)
     result = {**state.output, "peak_memory_mib": peak_memory_mib(), "windows": state.window}

@@ -109,7 +109,7 @@ VARIANTS = {
 def train(args: argparse.Namespace, vocab: int, tokens: torch.Tensor, segments: int, memory: bool) -> tuple:
     """A model trained for ``args.steps`` optimizer steps with k2 = ``segments`` segments; model and seconds."""
     torch.manual_seed(args.seed)
-    model = MemoryTransformer(vocab, args.width, memory=args.memory, segment=args.segment)
+    model = MemoryTransformer(vocab, args.width, memory=args.memory, segment=args.segment).to(args.device)
     trainer = create_tbptt_trainer(
         model,
         torch.optim.Adam(model.parameters(), lr=args.lr),
@@ -119,6 +119,7 @@ def train(args: argparse.Namespace, vocab: int, tokens: torch.Tensor, segments: 
         time_dim=1,
         carry_hidden=True,
         initial_state=model.start,
+        device=args.device,
         **({} if memory else {"model_fn": without_memory}),
     )
     batches = batch_major(tokens, args.batch_size, args.seq_len)
@@ -138,13 +139,14 @@ def validation_bpc(model: MemoryTransformer, tokens: torch.Tensor, args: argpars
         carry_hidden=True,
         segment_length=args.segment,
         initial_state=model.start,
+        device=args.device,
         **({} if memory else {"model_fn": without_memory}),
     )
     return evaluator.run(batch_major(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Train the three variants; returns the validation bits per character and seconds of each."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--segment", type=int, default=32, help="characters per segment, k1 (default 32)")
     p.add_argument("--memory", type=int, default=8, help="memory tokens (default 8)")
@@ -155,7 +157,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (default 2e-3)")
     p.add_argument("--max-chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train the three variants; returns the validation bits per character and seconds of each."""
+    args = parse_args(argv)
     vocab, train_tokens, valid_tokens, unigram = held_out_corpus(args.max_chars)
     print(
         f"memory transformer: {args.memory} memory tokens, segments of {args.segment} characters; "

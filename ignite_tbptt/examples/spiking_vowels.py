@@ -61,8 +61,10 @@ class SpikingSpeakerNet(nn.Module):
 
     def reset(self) -> None:
         """Forget the membranes: the next frame starts a recording."""
+        # snnTorch fills an empty membrane on the device of the one it replaces: keep it on the network's.
+        device = self.fc1.weight.device
         for neuron in (self.lif1, self.lif2):
-            neuron.mem = torch.zeros(0)
+            neuron.mem = torch.zeros(0, device=device)
 
 
 def fit(args: argparse.Namespace, utterances: list, memory: bool) -> SpikingSpeakerNet:
@@ -73,17 +75,17 @@ def fit(args: argparse.Namespace, utterances: list, memory: bool) -> SpikingSpea
 
 def last_frame_accuracy(model: SpikingSpeakerNet, utterances: list, memory: bool) -> float:
     """The share of utterances whose speaker the network names right at their last frame, each run alone."""
-    right = 0
+    right, device = 0, next(model.parameters()).device
     with torch.no_grad():
         for x, y in utterances:
             model.reset()
             frames = x if memory else x[-1:]
-            right += int(model(frames.unsqueeze(1))[-1, 0].argmax() == y[-1])
+            right += int(model(frames.unsqueeze(1).to(device))[-1, 0].argmax().item() == y[-1].item())
     return right / len(utterances)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Train with and without memory; returns the test bits per frame and accuracies, and chance's."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k1", type=int, default=4, help="frames between backward passes (default 4)")
     p.add_argument("--k2", type=int, default=8, help="frames each backward pass reaches back (default 8)")
@@ -93,7 +95,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train with and without memory; returns the test bits per frame and accuracies, and chance's."""
+    args = parse_args(argv)
     train_set, test_set = load_vowels()
     print(
         f"{len(train_set)} training and {len(test_set)} test utterances; {args.hidden} leaky integrate-and-fire "

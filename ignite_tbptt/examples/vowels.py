@@ -110,7 +110,13 @@ def fit(args: argparse.Namespace, utterances: list, memory: bool) -> SpeakerGRU:
 
 
 def train_on(model: nn.Module, args: argparse.Namespace, utterances: list, memory: bool, **options: Any) -> nn.Module:
-    """Train ``model`` on ``utterances`` with TBPTT(``args.k1``, ``args.k2``); ``options`` go to the trainer."""
+    """Train ``model`` on ``utterances`` with TBPTT(``args.k1``, ``args.k2``) on ``args.device``.
+
+    The model is moved to the device before its optimizer and trainer are built, so that both, and the initial value
+    of any ``module_state`` in ``options``, live there; ``options`` go to the trainer.
+    """
+    device = torch.device(args.device)
+    model.to(device)
     # Utterances start on window boundaries (align=k1): no start splits the fused model call of a window.
     batches = pack_recordings(utterances, args.batch_size, args.seq_len, shuffle=True, seed=args.seed, align=args.k1)
     trainer = create_tbptt_trainer(
@@ -122,6 +128,7 @@ def train_on(model: nn.Module, args: argparse.Namespace, utterances: list, memor
         carry_hidden=True,
         target_count_fn=lambda y_pred, y: count_targets(y),  # padding frames do not count in the mean
         prepare_batch=default_prepare_batch if memory else without_memory,
+        device=device,
         **options,
     )
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda engine: batches.set_epoch(engine.state.epoch))
@@ -131,16 +138,16 @@ def train_on(model: nn.Module, args: argparse.Namespace, utterances: list, memor
 
 def last_frame_accuracy(model: SpeakerGRU, utterances: list, memory: bool) -> float:
     """The share of utterances whose speaker the model names right at their last frame, each run alone."""
-    right = 0
+    right, device = 0, next(model.parameters()).device
     with torch.no_grad():
         for x, y in utterances:
             frames = x if memory else x[-1:]  # without memory, the last frame alone
-            right += int(model(frames.unsqueeze(1))[0][-1, 0].argmax() == y[-1])
+            right += int(model(frames.unsqueeze(1).to(device))[0][-1, 0].argmax().item() == y[-1].item())
     return right / len(utterances)
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Train with and without memory; returns the test bits per frame and accuracies, and chance's."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k1", type=int, default=4, help="frames between backward passes (default 4)")
     p.add_argument("--k2", type=int, default=12, help="frames each backward pass reaches back (default 12)")
@@ -150,7 +157,17 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train with and without memory; returns the test bits per frame and accuracies, and chance's."""
+    args = parse_args(argv)
     train_set, test_set = load_vowels()
     print(
         f"{len(train_set)} training and {len(test_set)} test utterances of 7-29 frames of 12 coefficients, "
@@ -176,6 +193,7 @@ def compare(
             {"bits": BitsPerTarget(cross_entropy)},  # counts the real frames only
             carry_hidden=True,
             prepare_batch=default_prepare_batch if memory else without_memory,
+            device=args.device,
             **evaluator_options,
         )
         bits = evaluator.run(pack_recordings(test_set, args.batch_size, args.seq_len)).metrics["bits"]

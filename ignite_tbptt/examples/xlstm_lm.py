@@ -67,7 +67,7 @@ def xlstm_model_fn(model: xLSTMLarge, x: torch.Tensor, state: Any) -> tuple[torc
 def train(args: argparse.Namespace, vocab: int, train_tokens: torch.Tensor, k2: int) -> tuple[xLSTMLarge, float]:
     """A model trained with TBPTT(k1, k2) for ``args.steps`` optimizer steps; returns it and the seconds it took."""
     torch.manual_seed(args.seed)
-    model = build_model(vocab, args.embedding, args.blocks, args.heads, args.k1)
+    model = build_model(vocab, args.embedding, args.blocks, args.heads, args.k1).to(args.device)
     trainer = create_tbptt_trainer(
         model,
         torch.optim.Adam(model.parameters(), lr=args.lr),
@@ -77,6 +77,7 @@ def train(args: argparse.Namespace, vocab: int, train_tokens: torch.Tensor, k2: 
         time_dim=1,
         carry_hidden=True,
         model_fn=xlstm_model_fn,
+        device=args.device,
     )
     batches = batch_major(train_tokens, args.batch_size, args.seq_len)
     iterations = math.ceil(args.steps * args.k1 / args.seq_len)  # every batch holds seq_len / k1 windows
@@ -89,14 +90,19 @@ def train(args: argparse.Namespace, vocab: int, train_tokens: torch.Tensor, k2: 
 def validation_bpc(model: xLSTMLarge, tokens: torch.Tensor, args: argparse.Namespace) -> float:
     """Bits per character of ``tokens`` read as one carried stream in ``--batch-size`` columns."""
     evaluator = create_tbptt_evaluator(
-        model, {"bpc": BitsPerTarget(cross_entropy)}, time_dim=1, carry_hidden=True, model_fn=xlstm_model_fn
+        model,
+        {"bpc": BitsPerTarget(cross_entropy)},
+        time_dim=1,
+        carry_hidden=True,
+        model_fn=xlstm_model_fn,
+        device=args.device,
     )
     return evaluator.run(batch_major(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
 
 
-def show_error(vocab: int) -> str:
+def show_error(vocab: int, device: str | torch.device = "cpu") -> str:
     """What the trainer says when xLSTMLarge's own forward runs under it (its state written in place)."""
-    model = build_model(vocab)
+    model = build_model(vocab).to(device)
     trainer = create_tbptt_trainer(
         model,
         torch.optim.SGD(model.parameters(), lr=0.1),
@@ -106,8 +112,9 @@ def show_error(vocab: int) -> str:
         time_dim=1,
         carry_hidden=True,
         model_fn=lambda m, x, state: m(x) if state is None else m(x, state),
+        device=device,
     )
-    tokens = torch.randint(0, vocab, (2, 65))
+    tokens = torch.randint(0, vocab, (2, 65))  # on the CPU: the same tokens on every device; the trainer moves them
     try:
         trainer.run([(tokens[:, :-1], tokens[:, 1:])])
     except RuntimeError as error:
@@ -115,8 +122,8 @@ def show_error(vocab: int) -> str:
     return "no error"
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Train with k2 > k1 and with k2 = k1; returns the validation bits per character and seconds of each."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--k1", type=int, default=16, help="steps between backward passes (default 16, the chunk size)")
     p.add_argument("--k2", type=int, default=64, help="steps the k2 > k1 run reaches back (default 64)")
@@ -130,10 +137,20 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--max-chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show-error", action="store_true", help="print what xLSTMLarge's own forward meets, and stop")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--device",
+        default="cuda" if torch.cuda.is_available() else "cpu",
+        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
+    )
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Train with k2 > k1 and with k2 = k1; returns the validation bits per character and seconds of each."""
+    args = parse_args(argv)
     vocab, train_tokens, valid_tokens, unigram = held_out_corpus(args.max_chars)
     if args.show_error:
-        message = show_error(len(vocab))
+        message = show_error(len(vocab), args.device)
         print(message)
         return {"error": message}
     print(
