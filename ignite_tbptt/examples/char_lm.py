@@ -269,6 +269,9 @@ def truncation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--artbp-grid", type=int, default=5, help="with --artbp: steps between candidate points (5)")
 
 
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # --device's default
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -301,9 +304,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--amp", choices=("none", "bf16", "fp16"), default="none", help="autocast dtype (fp16 adds a GradScaler)"
     )
     p.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
+        "--device", default=DEVICE, help="where the model, batches and evaluation run (default: cuda if any)"
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(

@@ -101,15 +101,7 @@ class SegmentExecutor:
         if not plan.backward_now:
             version = versions.current if versions is not None else None
             replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
-        try:
-            if plan.rebuilt or profiling():
-                with torch.no_grad() if plan.rebuilt else NO_CONTEXT, profiled("tbptt.forward"):
-                    y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
-            else:  # the usual call, without a context to enter (each costs about a microsecond)
-                y_pred, hidden_out = self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
-        except StateWrittenInPlace as error:
-            where = f"the segment [{plan.start}, {plan.end}) of the window [{plan.window.start}, {plan.window.end})"
-            raise error.locate(where) from error.__cause__
+        y_pred, hidden_out = self._forward(plan, x, hidden_in, resets)
         if not self._state_cut_checked and hidden is not None:  # once, before its backward pass
             self._state_cut_checked = check_state_cut(hidden_out, hidden)
         if self._columns_to_check is not None:  # before the first reset uses it, and before any backward
@@ -157,6 +149,18 @@ class SegmentExecutor:
         stream.hidden, stream.position = hidden_out, plan.end
         stream.window_loss.add(loss, n, plan.whole_window)
         return SegmentResult(loss, n, hs.detached(y_pred) if keep_predictions else None)
+
+    def _forward(self, plan: SegmentPlan, x: Any, hidden_in: Any, resets: torch.Tensor | None) -> tuple[Any, Any]:
+        versions = self.stream.history.versions
+        try:
+            if plan.rebuilt or profiling():
+                with torch.no_grad() if plan.rebuilt else NO_CONTEXT, profiled("tbptt.forward"):
+                    return self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
+            # The usual call, without a context to enter (each costs about a microsecond).
+            return self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
+        except StateWrittenInPlace as error:
+            where = f"the segment [{plan.start}, {plan.end}) of the window [{plan.window.start}, {plan.window.end})"
+            raise error.locate(where) from error.__cause__
 
     def close_window(self, plan: ClosePlan) -> list | None:
         """The backward sweep of a window as its ``plan`` says; see :meth:`RetainedHistory.backward`.

@@ -20,11 +20,11 @@ def with_starts(batches, *, density, time_dim=0, at=(), seed=1):
     out, offset = [], 0
     for x, y in batches:
         length = x.shape[time_dim]
-        starts = torch.rand(length, x.shape[1 - time_dim], generator=g) < density
+        starts = torch.rand(length, x.shape[1 - time_dim], generator=g, device="cpu") < density  # alike everywhere
         for step in at:
             if offset <= step < offset + length:
                 starts[step - offset] = True
-        out.append((x, y, starts if time_dim == 0 else starts.t().contiguous()))
+        out.append((x, y, (starts if time_dim == 0 else starts.t().contiguous()).to(x.device)))
         offset += length
     return out
 

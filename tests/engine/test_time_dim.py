@@ -59,7 +59,7 @@ def train(time_dim, k1, k2):
     g = torch.Generator().manual_seed(3)
     batches = []
     for x, y in make_batches((7, 12, 5)):
-        starts = torch.rand(x.shape[0], x.shape[1], generator=g) < 0.15
+        starts = (torch.rand(x.shape[0], x.shape[1], generator=g, device="cpu") < 0.15).to(x.device)
         batches.append(lay_out(x, y, starts, time_dim))
     trainer = create_tbptt_trainer(
         model,
