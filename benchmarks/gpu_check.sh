@@ -49,9 +49,9 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
 step tests bash -c "$PYTHON -m pytest --device $DEVICE -p no:cacheprovider -v --tb=line ${TESTS[*]} \
     | grep -E --line-buffered 'FAILED|ERROR|passed|failed|error' ; exit \${PIPESTATUS[0]}"
 step table-float32 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \
-    --markdown "$OUT/table-float32.md"
+    --out "$OUT/table-float32.json" --markdown "$OUT/table-float32.md"
 step table-bfloat16 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \
-    --autocast bfloat16 --markdown "$OUT/table-bfloat16.md"
+    --autocast bfloat16 --out "$OUT/table-bfloat16.json" --markdown "$OUT/table-bfloat16.md"
 step profile "$PYTHON" -m benchmarks.profile --device "$DEVICE" "${PROFILE[@]}"
 step main-job "$PYTHON" -m ignite_tbptt.examples.char_lm --device "$DEVICE" --logdir "$OUT/runs" "${MAIN[@]}"
 

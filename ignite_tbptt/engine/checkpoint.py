@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
+from ..planning import WindowSource
 from ..version import __version__
 
-__all__ = ["configuration", "check_resume", "load_checkpoint"]
+__all__ = ["configuration", "check_resume", "source_type", "handler_sources", "load_checkpoint"]
 
 
 def configuration(windows: Any, carry_hidden: bool, recompute: int | None, accumulation: int) -> dict[str, Any]:
@@ -41,7 +42,13 @@ def configuration(windows: Any, carry_hidden: bool, recompute: int | None, accum
     }
 
 
-def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str, Any], epoch_end: bool) -> None:
+def check_resume(
+    saved: dict[str, Any],
+    given: dict[str, Any],
+    stream: dict[str, Any],
+    epoch_end: bool,
+    names: tuple[str, ...] | None = None,
+) -> None:
     """Refuse to resume a checkpoint whose configuration differs from the trainer's where the change is unsafe.
 
     Args:
@@ -49,10 +56,12 @@ def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str,
         given: the trainer's, alike.
         stream: the checkpoint's stream state (:meth:`TBPTTStep.state_dict`).
         epoch_end: whether the checkpoint was taken at an epoch's end.
+        names: the entries to compare (``"windows"``, ``"recompute"``, ...); default all.
 
     Raises:
         ValueError: naming each unsafe difference, its saved and its given value, and how to proceed.
     """
+    partial = saved.get("source") is not None  # an older record: compare what it kept of the windows
     saved = _upgraded(saved)
     between_streams = stream.get("position", 0) == 0 or not (saved["carry_hidden"] or given["carry_hidden"])
     allowed = {
@@ -64,9 +73,11 @@ def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str,
     }
     problems = []
     for name, safe in allowed.items():
+        if names is not None and name not in names:
+            continue
         old, new = _compared(name, saved.get(name)), _compared(name, given.get(name))
-        if name == "windows" and isinstance(old, dict) and len(old) == 1 and isinstance(new, dict):
-            new = {"type": new.get("type")}  # an old record knows only the type of a handler's source
+        if name == "windows" and partial and isinstance(old, dict) and isinstance(new, dict):
+            new = {key: new.get(key) for key in old}
         if old != new and not safe:
             problems.append(f"{name}: saved {_shown(saved.get(name))}, given {_shown(given.get(name))}")
     if problems:
@@ -80,11 +91,30 @@ def check_resume(saved: dict[str, Any], given: dict[str, Any], stream: dict[str,
 
 def _upgraded(saved: dict[str, Any]) -> dict[str, Any]:
     # Records up to 0.4.0.dev0 named the source the trainer was built with under "windows", and the type of the one in
-    # use, a handler's (AdaptiveTruncation), under "source"; the windows were those of the source in use.
+    # use, a handler's (AdaptiveTruncation), under "source". Such a handler keeps the built source's windows (k1 and
+    # the rest) and plans its own cuts (k2): the built source's parameters but k2 are the handler's too.
     source, windows = saved.get("source"), saved.get("windows")
     if source is None or not isinstance(windows, dict) or windows.get("type") == source:
         return saved
-    return {**saved, "windows": {"type": source}}
+    kept = {key: value for key, value in windows.items() if key not in ("type", "k2")}
+    return {**saved, "windows": {"type": source, **kept}}
+
+
+def handler_sources() -> set[str]:
+    """The names of the window sources that attach as handlers (``standalone = False``), such as AdaptiveTruncation."""
+    found, pending = set(), [WindowSource]
+    while pending:
+        cls = pending.pop()
+        pending.extend(cls.__subclasses__())
+        if not cls.standalone:
+            found.add(cls.__name__)
+    return found
+
+
+def source_type(saved: dict[str, Any]) -> str | None:
+    """The type of the window source in use when the checkpoint was made (``None`` for a record without one)."""
+    windows = _upgraded(saved).get("windows")
+    return windows.get("type") if isinstance(windows, dict) else None
 
 
 def _compared(name: str, value: Any) -> Any:

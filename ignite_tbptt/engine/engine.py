@@ -10,7 +10,7 @@ import torch
 from ignite.engine import DeterministicEngine, Engine
 
 from . import distributed
-from .checkpoint import check_resume
+from .checkpoint import check_resume, handler_sources, source_type
 from .events import COUNTERS
 
 if TYPE_CHECKING:
@@ -54,7 +54,13 @@ class _SavesStream:
             given = {**self.tbptt.configuration(), "deterministic": self._deterministic}
             length, iteration = state_dict.get("epoch_length"), state_dict.get("iteration", 0)
             epoch_end = iteration == 0 or (length is not None and iteration % length == 0)
-            check_resume(saved, given, state_dict["tbptt"], epoch_end)
+            # The windows are compared here, unless they came from a handler's source (AdaptiveTruncation) and this
+            # trainer's are not yet of that type: the handler may be attached after loading, so when the run starts.
+            saved_type = source_type(saved)
+            deferred = saved_type != source_type(given) and saved_type in handler_sources()
+            names = ("recompute", "carry_hidden", "gradient_accumulation_steps", "deterministic")
+            check_resume(saved, given, state_dict["tbptt"], epoch_end, names if deferred else None)
+            self.tbptt.resumes_from(saved, epoch_end if deferred else None)
         # A state saved by ignite's create_supervised_tbptt_trainer, or any plain Engine, has no TBPTT counters:
         # they start at 0, and the stream starts fresh at the saved epoch and iteration.
         missing = {name: 0 for name in (*COUNTERS, "targets_seen") if name not in state_dict}

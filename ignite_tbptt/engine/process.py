@@ -15,7 +15,7 @@ from ..runtime import ModelCall, RetainedHistory
 from ..runtime import hidden as hs
 from ..runtime.compiled import retainable
 from . import distributed
-from .checkpoint import configuration
+from .checkpoint import check_resume, configuration, source_type
 from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
 from .optimizer_step import OptimizerStep
 from .stream_loop import CompletedWindow, StreamLoop
@@ -82,6 +82,9 @@ class TBPTTStep:
         self.output_transform = output_transform
         self._engine: Engine | None = None
         self._loaded: dict | None = None
+        # The loaded checkpoint's configuration, and where its windows are still to be compared with this trainer's
+        # (the epoch's end or not), until the run starts: None if they were compared when it loaded.
+        self._resumed: tuple[dict, bool | None] | None = None
 
     # -- the seam for handlers ---------------------------------------------------------------------------------
     @classmethod
@@ -188,12 +191,18 @@ class TBPTTStep:
         if engine.state.iteration == 0:
             _zero_counters(engine)
         loaded, self._loaded = self._loaded, None
+        resumed, self._resumed = self._resumed, None
         if loaded is None or engine.state.iteration == 0:
             loop.reset()
             return
+        saved, epoch_end = resumed if resumed is not None else ({}, None)
+        if epoch_end is not None:  # the handlers are attached by now: the windows in use are compared
+            check_resume(saved, self.configuration(), loaded, epoch_end, ("windows",))
+        # Another source's state (a change allowed between streams) is not this source's to load.
+        same_source = not saved or source_type(saved) == type(self.window_source).__name__
         try:
             # A window left open goes on being recorded if it was (GradientReach, AdaptiveTruncation).
-            loop.load_state_dict(loaded, engine.state.window)
+            loop.load_state_dict(loaded, engine.state.window, same_source)
             self.optimizer_step.load_state_dict(loaded)
         except BaseException:  # neither half of a checkpoint: the stream starts afresh
             loop.reset()
@@ -243,6 +252,16 @@ class TBPTTStep:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state when the engine's next run starts (after model and optimizer load)."""
         self._loaded = state
+
+    def resumes_from(self, saved: dict[str, Any], epoch_end: bool | None) -> None:
+        """The configuration of the checkpoint being loaded (:mod:`~ignite_tbptt.engine.checkpoint`).
+
+        Args:
+            saved: its configuration.
+            epoch_end: if not ``None``, its windows are compared with this trainer's when the run starts (their
+                source types differ when it loads: a handler may still be attached), taken at an epoch's end or not.
+        """
+        self._resumed = (saved, epoch_end)
 
     # -- one iteration -----------------------------------------------------------------------------------------
     def __call__(self, engine: Engine, batch: Sequence[Any]) -> Any:

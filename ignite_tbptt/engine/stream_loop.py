@@ -155,9 +155,12 @@ class StreamLoop:
         """The stream and its windows (:meth:`StreamState.state_dict`, :meth:`StreamPlanner.state_dict`)."""
         return {**self.stream.state_dict(), **self.planner.state_dict()}
 
-    def load_state_dict(self, state: dict, window: int) -> None:
-        """Restore :meth:`state_dict`'s stream; ``window`` is the run's window count, for the open window's reach."""
-        self.planner.load_state_dict(state, window)
+    def load_state_dict(self, state: dict, window: int, same_source: bool = True) -> None:
+        """Restore :meth:`state_dict`'s stream; ``window`` is the run's window count, for the open window's reach.
+
+        ``same_source``: the checkpoint's windows came from a source of this one's type, whose state it loads.
+        """
+        self.planner.load_state_dict(state if same_source else {**state, "source": {}}, window)
         self.stream.load_state_dict(state)
 
     # -- one batch ---------------------------------------------------------------------------------------------
@@ -234,11 +237,14 @@ class StreamLoop:
         stream = self.stream
         plan = self.planner.close(end, stream_continues, stream.history.starts())
         reach = self.executor.close_window(plan)
+        self.planner.closed(plan)  # after the sweep: a checkpoint taken where it failed keeps the window open
         if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
             self.attributes_checked = True
             # The state the stream carries, and the one the last model call returned (a segment rebuilt in the
             # sweep, in recomputation mode): the tensors a model may cache in its attributes.
-            check_attributes(self.model, 1, returned=(stream.hidden, self.executor.model_call.returned))
+            model_call = self.executor.model_call
+            check_attributes(self.model, 1, returned=(stream.hidden, model_call.returned))
+            model_call.remembers, model_call.returned = False, None
         profile = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scaler = self.optimizer_step.scaler

@@ -81,10 +81,15 @@ class StreamPlanner:
         )
 
     def close(self, end: int, stream_continues: bool, retained: list[int]) -> ClosePlan:
-        """Close the open window at ``end``; ``retained``: the retained segments' first steps (:func:`plan_close`)."""
-        plan = plan_close(self.source, self.window.start, end, stream_continues, retained, self.recorded)
+        """The plan that closes the open window at ``end``; ``retained``: the retained segments' first steps.
+
+        See :func:`plan_close`. The window stays open until :meth:`closed`, once the plan is carried out.
+        """
+        return plan_close(self.source, self.window.start, end, stream_continues, retained, self.recorded)
+
+    def closed(self, plan: ClosePlan) -> None:
+        """The window ``plan`` closes is closed: the next opens where it ended."""
         self.window, self._following = None, plan.following
-        return plan
 
     def state_dict(self) -> dict[str, Any]:
         """The open window's start (``None`` between windows) and the source's state."""

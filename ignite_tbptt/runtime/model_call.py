@@ -73,9 +73,12 @@ class ModelCall:
     ) -> None:
         self.model, self.model_fn, self.autocast, self.reset_hidden = model, model_fn, autocast, reset_hidden
         self.initial_state, self.layout = initial_state, layout
-        #: The state the last call returned, a replay's in the backward sweep included: a model may keep its tensors
-        #: in attributes (:func:`~ignite_tbptt.runtime.module_state.attributes_with_graph`).
+        #: The state the last call returned, a replay's in the backward sweep included, while :attr:`remembers`: a
+        #: model may keep its tensors in attributes (:func:`~ignite_tbptt.runtime.module_state.attributes_with_graph`).
         self.returned: Any = None
+        #: Whether calls keep :attr:`returned`; the trainer stops them once it has checked the attributes, so that no
+        #: graph is held longer than the stream holds it.
+        self.remembers = True
         #: Whether the model and the loss run under autocast: else no context is entered around them.
         self.autocasts = autocast() is not _NO_CONTEXT
         # The call is the model's own, ``model(x, hidden)``: called directly, one Python frame instead of three.
@@ -143,7 +146,8 @@ class ModelCall:
                 "state to the next model call, so model_fn must return it as it takes it (a model that rebuilds "
                 "or reshapes its state, or a batch of another size in the same stream, breaks this)."
             )
-        self.returned = hidden_out
+        if self.remembers:
+            self.returned = hidden_out
         return y_pred, hidden_out
 
     def _run(self, x: torch.Tensor, hidden: Any, starts: torch.Tensor | None) -> Any:

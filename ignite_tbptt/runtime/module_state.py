@@ -177,7 +177,8 @@ def check_state_cut(returned: Any, previous: Any, limit: int = 100_000) -> bool:
     state from its argument returns a state whose graph starts at that copy. One that reads it from elsewhere (an
     attribute caching the last state, snnTorch's ``self.mem`` when called without ``mem``) chains every call onto the
     last: the graph grows across windows, and the cuts, resets and checkpoints the trainer applies to the state it
-    carries never reach the state the model uses. Checked once per stream's second call: a walk of that call's graph.
+    carries never reach the state the model uses. Checked once, at the first call whose given state came with a
+    graph (the stream's second call): a walk of that call's graph.
 
     Args:
         returned: the state the call returned, a tensor or a tree of them.
@@ -193,8 +194,9 @@ def check_state_cut(returned: Any, previous: Any, limit: int = 100_000) -> bool:
     earlier = {t.grad_fn for t in hs.flatten(previous) if t.grad_fn is not None}
     if not earlier:
         return False
+    seen: set = set()  # one graph, walked once whatever the number of leaves
     for path, tensor in tensors_with_paths(returned):
-        pending, seen = [tensor.grad_fn], set()
+        pending = [tensor.grad_fn]
         while pending and len(seen) < limit:
             node = pending.pop()
             if node is None or node in seen:

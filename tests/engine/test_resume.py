@@ -136,12 +136,21 @@ def test_a_rebuild_that_fails_leaves_the_checkpoints_weights_and_a_fresh_stream(
 def test_resuming_an_adaptive_run_without_its_handler_is_refused(tmp_path):
     path = checkpoint(tmp_path, 2, **SAVED, adaptive=True)
     model, optimizer, trainer = build(**SAVED)
-    before = [p.detach().clone() for p in model.parameters()]
-    # Refused as any other change of windows mid-stream, before the model or the optimizer loads.
+    # A handler may still be attached after loading: the windows in use are compared when the run starts.
+    Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, load_checkpoint(path))
     with pytest.raises(ValueError, match=r"windows: saved AdaptiveTruncation\(k1=3, delta=.*\), given Schedule\(k1=3"):
-        Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, load_checkpoint(path))
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), before))
-    model, optimizer, trainer = build(**SAVED, adaptive=True)
+        trainer.run(BATCHES, max_epochs=2)
+    model, optimizer, trainer = build(**SAVED)
+    Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, load_checkpoint(path))
+    AdaptiveTruncation(0.1, k2_min=4, k2_max=9, every=1).attach(trainer)  # attached after loading, as before
+    assert trainer.run(BATCHES, max_epochs=2).iteration == 10
+
+
+def test_a_source_of_another_type_starts_afresh_where_the_change_is_allowed(tmp_path):
+    # With carry_hidden=False every batch is its own stream: the windows may change, and the new source does not
+    # load the old one's state.
+    path = checkpoint(tmp_path, 2, k1=RandomWindows(3, k2=7, seed=0), carry_hidden=False, adaptive=True)
+    model, optimizer, trainer = build(k1=RandomWindows(3, k2=7, seed=0), carry_hidden=False)
     Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, load_checkpoint(path))
     assert trainer.run(BATCHES, max_epochs=2).iteration == 10
 
@@ -161,7 +170,12 @@ def test_an_older_record_of_an_adaptive_run_is_read_as_it_was_meant(tmp_path):
     record = state["trainer"]["tbptt"]["configuration"]
     record["windows"], record["source"] = {"type": "Schedule", "k1": 3, "k2": 7}, "AdaptiveTruncation"
     model, optimizer, trainer = build(**SAVED)
-    with pytest.raises(ValueError, match=r"windows: saved AdaptiveTruncation\(\), given Schedule\(k1=3, k2=7\)"):
+    Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, state)
+    with pytest.raises(ValueError, match=r"windows: saved AdaptiveTruncation\(k1=3\), given Schedule\(k1=3, k2=7\)"):
+        trainer.run(BATCHES, max_epochs=2)
+    # The handler keeps the built windows' k1: another k1 is refused mid-stream, when it loads.
+    model, optimizer, trainer = build(**{**SAVED, "k1": 2}, adaptive=True)
+    with pytest.raises(ValueError, match=r"windows: saved AdaptiveTruncation\(k1=3\), given AdaptiveTruncation\(k1=2"):
         Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, state)
     model, optimizer, trainer = build(**SAVED, adaptive=True)
     Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, state)

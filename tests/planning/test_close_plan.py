@@ -28,6 +28,7 @@ def closes(source, lengths, known=True):
             if plan.closes_window:
                 before = list(retained)
                 close = planner.close(plan.end, plan.end != stream_end, retained)
+                planner.closed(close)
                 found.append((close, before))
                 retained = retained[close.keep_from :]
     return found
@@ -79,6 +80,7 @@ def test_a_planner_resumes_its_open_window_and_its_sources_draws():
     planner.reach.ask(every=2)
     planner.open_window(0, 1)
     close = planner.close(planner.window.end, True, [])
+    planner.closed(close)
     planner.open_window(close.end, 2)
     state = planner.state_dict()
     resumed = StreamPlanner(RandomWindows(4, k2=8, std=2.0, seed=99))
