@@ -26,25 +26,21 @@ class Layout(NamedTuple):
         >>> import torch
         >>> layout = Layout(time_dim=-1)  # (B, C, T) audio features
         >>> x = torch.zeros(4, 3, 10)
-        >>> layout.time_axis(x), layout.batch_axis(x), layout.length(x), layout.columns(x)
-        (2, 0, 10, 4)
+        >>> layout.time_first(x), layout.batch_axis(x), layout.length(x), layout.columns(x)
+        (False, 0, 10, 4)
         >>> tuple(layout.steps(x, 2, 7).shape)
         (4, 3, 5)
     """
 
     time_dim: int = 0
 
-    def time_axis(self, t: Any) -> int:
-        """The time dimension of ``t`` as a non-negative index (``t`` must have it: see ``check_pair``)."""
-        return self.time_dim % t.dim()
-
-    def batch_axis(self, t: Any) -> int:
-        """The batch dimension of ``t``: 1 if time is its first axis, else 0."""
-        return 1 if self.time_dim % t.dim() == 0 else 0
-
     def time_first(self, t: Any) -> bool:
         """Whether time is ``t``'s first axis, so that ``starts`` is ``(T, B)`` rather than ``(B, T)``."""
         return self.time_dim % t.dim() == 0
+
+    def batch_axis(self, t: Any) -> int:
+        """The batch dimension of ``t``: 1 if time is its first axis, else 0."""
+        return 1 if self.time_first(t) else 0
 
     def length(self, t: Any) -> int:
         """The number of steps of ``t``."""

@@ -28,7 +28,7 @@ import torch
 from ..planning import WindowSource
 from ..version import __version__
 
-__all__ = ["configuration", "check_resume", "source_type", "handler_sources", "load_checkpoint"]
+__all__ = ["COMPARED", "configuration", "check_resume", "source_type", "handler_sources", "load_checkpoint"]
 
 
 def configuration(windows: Any, carry_hidden: bool, recompute: int | None, accumulation: int) -> dict[str, Any]:
@@ -40,6 +40,10 @@ def configuration(windows: Any, carry_hidden: bool, recompute: int | None, accum
         "recompute": recompute,
         "gradient_accumulation_steps": accumulation,
     }
+
+
+#: The entries of a configuration that :func:`check_resume` compares.
+COMPARED = ("windows", "recompute", "carry_hidden", "gradient_accumulation_steps", "deterministic")
 
 
 def check_resume(
@@ -56,7 +60,7 @@ def check_resume(
         given: the trainer's, alike.
         stream: the checkpoint's stream state (:meth:`TBPTTStep.state_dict`).
         epoch_end: whether the checkpoint was taken at an epoch's end.
-        names: the entries to compare (``"windows"``, ``"recompute"``, ...); default all.
+        names: the entries to compare, some of :data:`COMPARED`; default all.
 
     Raises:
         ValueError: naming each unsafe difference, its saved and its given value, and how to proceed.
@@ -72,9 +76,8 @@ def check_resume(
         "deterministic": epoch_end,
     }
     problems = []
-    for name, safe in allowed.items():
-        if names is not None and name not in names:
-            continue
+    for name in COMPARED if names is None else names:
+        safe = allowed[name]
         old, new = _compared(name, saved.get(name)), _compared(name, given.get(name))
         if name == "windows" and partial and isinstance(old, dict) and isinstance(new, dict):
             new = {key: new.get(key) for key in old}

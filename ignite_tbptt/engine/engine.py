@@ -10,7 +10,7 @@ import torch
 from ignite.engine import DeterministicEngine, Engine
 
 from . import distributed
-from .checkpoint import check_resume, handler_sources, source_type
+from .checkpoint import COMPARED, check_resume, handler_sources, source_type
 from .events import COUNTERS
 
 if TYPE_CHECKING:
@@ -58,8 +58,8 @@ class _SavesStream:
             # trainer's are not yet of that type: the handler may be attached after loading, so when the run starts.
             saved_type = source_type(saved)
             deferred = saved_type != source_type(given) and saved_type in handler_sources()
-            names = ("recompute", "carry_hidden", "gradient_accumulation_steps", "deterministic")
-            check_resume(saved, given, state_dict["tbptt"], epoch_end, names if deferred else None)
+            names = tuple(name for name in COMPARED if name != "windows") if deferred else None
+            check_resume(saved, given, state_dict["tbptt"], epoch_end, names)
             self.tbptt.resumes_from(saved, epoch_end if deferred else None)
         # A state saved by ignite's create_supervised_tbptt_trainer, or any plain Engine, has no TBPTT counters:
         # they start at 0, and the stream starts fresh at the saved epoch and iteration.

@@ -25,7 +25,6 @@ from ..runtime import (
     RetainedHistory,
     SegmentExecutor,
     StreamState,
-    check_attributes,
     check_resettable,
     default_reset_hidden,
     profiled,
@@ -240,11 +239,7 @@ class StreamLoop:
         self.planner.closed(plan)  # after the sweep: a checkpoint taken where it failed keeps the window open
         if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
             self.attributes_checked = True
-            # The state the stream carries, and the one the last model call returned (a segment rebuilt in the
-            # sweep, in recomputation mode): the tensors a model may cache in its attributes.
-            model_call = self.executor.model_call
-            check_attributes(self.model, 1, returned=(stream.hidden, model_call.returned))
-            model_call.remembers, model_call.returned = False, None
+            self.executor.check_attributes(self.model)
         profile = None
         if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
             scaler = self.optimizer_step.scaler

@@ -66,6 +66,8 @@ from ignite_tbptt import (
 )
 from ignite_tbptt.data import pack_sequences, stream_batches
 
+from .options import add_device_option
+
 __all__ = [
     "STDLIB_MODULES",
     "stdlib_documents",
@@ -269,9 +271,6 @@ def truncation_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--artbp-grid", type=int, default=5, help="with --artbp: steps between candidate points (5)")
 
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # --device's default
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line options of the example."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
@@ -303,9 +302,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--amp", choices=("none", "bf16", "fp16"), default="none", help="autocast dtype (fp16 adds a GradScaler)"
     )
-    p.add_argument(
-        "--device", default=DEVICE, help="where the model, batches and evaluation run (default: cuda if any)"
-    )
+    add_device_option(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--logdir",

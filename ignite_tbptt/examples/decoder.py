@@ -29,6 +29,8 @@ from torch import nn
 
 from ignite_tbptt import create_tbptt_trainer
 
+from .options import add_device_option
+
 __all__ = ["Decoder", "decode", "delayed_copy", "main"]
 
 
@@ -103,11 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where the model and the batches run (default: cuda where available, else cpu)",
-    )
+    add_device_option(p, "the model and the batches")
     return p.parse_args(argv)
 
 

@@ -36,6 +36,7 @@ from torch import nn
 from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
 
 from .char_lm import batch_major, cross_entropy, held_out_corpus
+from .options import add_device_option
 
 __all__ = ["LearnedMemory", "MemoryTransformer", "main"]
 
@@ -157,11 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (default 2e-3)")
     p.add_argument("--max-chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
-    )
+    add_device_option(p)
     return p.parse_args(argv)
 
 

@@ -26,6 +26,7 @@ import snntorch as snn
 import torch
 from torch import nn
 
+from .options import add_device_option
 from .vowels import SPEAKERS, compare, load_vowels, train_on
 
 __all__ = ["SpikingSpeakerNet", "STATE", "main"]
@@ -95,11 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
-    )
+    add_device_option(p)
     return p.parse_args(argv)
 
 

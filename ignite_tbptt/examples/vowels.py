@@ -36,6 +36,8 @@ from ignite_tbptt import BitsPerTarget, count_targets, create_tbptt_evaluator, c
 from ignite_tbptt.data import pack_recordings
 from ignite_tbptt.data import prepare_batch as default_prepare_batch
 
+from .options import add_device_option
+
 __all__ = ["read_ts", "load_vowels", "SpeakerGRU", "train_on", "compare", "main"]
 
 SPEAKERS = 9
@@ -157,11 +159,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
-    )
+    add_device_option(p)
     return p.parse_args(argv)
 
 

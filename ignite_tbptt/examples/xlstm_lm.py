@@ -29,6 +29,7 @@ from xlstm.xlstm_large.model import soft_cap, xLSTMLarge, xLSTMLargeConfig
 from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
 
 from .char_lm import batch_major, cross_entropy, held_out_corpus
+from .options import add_device_option
 
 __all__ = ["build_model", "xlstm_model_fn", "main"]
 
@@ -137,11 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--show-error", action="store_true", help="print what xLSTMLarge's own forward meets, and stop")
-    p.add_argument(
-        "--device",
-        default="cuda" if torch.cuda.is_available() else "cpu",
-        help="where the model, the batches and the evaluation run (default: cuda where available, else cpu)",
-    )
+    add_device_option(p)
     return p.parse_args(argv)
 
 

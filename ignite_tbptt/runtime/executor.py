@@ -21,7 +21,7 @@ from . import rng
 from .backward_sweep import Replay, Segment
 from .in_place import StateWrittenInPlace
 from .model_call import ModelCall
-from .module_state import check_state_cut
+from .module_state import check_attributes, check_state_cut
 from .profiling import NO_CONTEXT, profiled, profiling
 from .reset import check_resettable
 from .stream import StreamState
@@ -161,6 +161,21 @@ class SegmentExecutor:
         except StateWrittenInPlace as error:
             where = f"the segment [{plan.start}, {plan.end}) of the window [{plan.window.start}, {plan.window.end})"
             raise error.locate(where) from error.__cause__
+
+    def check_attributes(self, model: torch.nn.Module) -> None:
+        """Refuse a model that keeps a graph in an attribute after the first window (:func:`check_attributes`).
+
+        The state the stream carries and the one the last model call returned (a segment rebuilt in the sweep, in
+        recomputation mode) are the tensors a model may cache in its attributes; the call stops keeping the latter.
+
+        Raises:
+            RuntimeError: naming the attributes, with the fix.
+        """
+        model_call = self.model_call
+        try:
+            check_attributes(model, 1, returned=(self.stream.hidden, model_call.returned))
+        finally:
+            model_call.remembers, model_call.returned = False, None
 
     def close_window(self, plan: ClosePlan) -> list | None:
         """The backward sweep of a window as its ``plan`` says; see :meth:`RetainedHistory.backward`.
