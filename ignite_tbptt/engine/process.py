@@ -11,7 +11,7 @@ from ignite.engine import Engine, Events
 
 from ..data.batch import split_batch
 from ..planning import WindowSource
-from ..runtime import ModelCall, RetainedHistory
+from ..runtime import ModelCall, RetainedHistory, WindowGraphs
 from ..runtime import hidden as hs
 from ..runtime.compiled import retainable
 from . import distributed
@@ -64,6 +64,7 @@ class TBPTTStep:
         output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None,
         target_count_fn: Callable[[Any, Any], int] | None,
         recompute: int | None = None,
+        graphs: WindowGraphs | None = None,
     ) -> None:
         self.loop = StreamLoop(
             model,
@@ -75,6 +76,7 @@ class TBPTTStep:
             carry_hidden=carry_hidden,
             target_count_fn=target_count_fn,
             recompute=recompute,
+            graphs=graphs,
         )
         self.optimizer_step = optimizer_step
         self.time_dim, self.carry_hidden, self.recompute = time_dim, carry_hidden, recompute

@@ -25,6 +25,8 @@ from ..runtime import (
     RetainedHistory,
     SegmentExecutor,
     StreamState,
+    WindowGraphs,
+    check_graphable,
     check_resettable,
     default_reset_hidden,
     profiled,
@@ -96,6 +98,7 @@ class StreamLoop:
         carry_hidden: whether the batches of an epoch are pieces of one stream.
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
         recompute: the most steps a rebuilt segment may have in recomputation mode, or ``None``.
+        graphs: the window programs (CUDA graphs) for windows paid at once, or ``None``.
     """
 
     def __init__(
@@ -110,6 +113,7 @@ class StreamLoop:
         carry_hidden: bool,
         target_count_fn: Callable[[Any, Any], int] | None,
         recompute: int | None,
+        graphs: WindowGraphs | None = None,
     ) -> None:
         self.model, self.optimizer_step = model, optimizer_step
         self.layout, self.carry_hidden = Layout(time_dim), carry_hidden
@@ -118,7 +122,10 @@ class StreamLoop:
         versions = ParameterVersions(optimizer_step.parameters) if source.spans_windows else None
         history = RetainedHistory(model_call, optimizer_step.parameters, versions, recompute is not None)
         self.stream = StreamState(history)
-        self.executor = SegmentExecutor(model_call, loss_fn, self.stream, optimizer_step.scaler, target_count_fn)
+        self.executor = SegmentExecutor(
+            model_call, loss_fn, self.stream, optimizer_step.scaler, target_count_fn, graphs
+        )
+        optimizer_step.keeps_grads = graphs is not None
         self.listener: LoopListener | None = None
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.attributes_checked = False  # the model's attributes were checked for graphs after a first window
@@ -134,7 +141,14 @@ class StreamLoop:
         return self.planner.source
 
     def use_source(self, source: WindowSource) -> None:
-        """Take the windows from ``source`` from the stream's start; one that reaches back gets weight versions."""
+        """Take the windows from ``source`` from the stream's start; one that reaches back gets weight versions.
+
+        Raises:
+            ValueError: if the trainer captures windows in CUDA graphs and ``source`` has windows that reach back
+                into earlier ones (k2 > k1), which are not captured yet.
+        """
+        if self.executor.graphs is not None:
+            check_graphable(source)
         if source.spans_windows and self.history.versions is None:
             self.history.versions = ParameterVersions(self.optimizer_step.parameters)
         self.planner.source = source

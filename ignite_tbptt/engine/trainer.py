@@ -13,7 +13,14 @@ from ..checks import callable_or_none, positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..layout import Layout
 from ..planning import Schedule, WindowSource
-from ..runtime import build_model_call, default_model_fn, default_reset_hidden, device_type_of
+from ..runtime import (
+    WindowGraphs,
+    build_model_call,
+    check_graphable,
+    default_model_fn,
+    default_reset_hidden,
+    device_type_of,
+)
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .optimizer_step import OptimizerStep
 from .process import TBPTTStep
@@ -43,6 +50,7 @@ def tbptt_training_step(
     reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
     module_state: Sequence[str] | None = None,
     initial_state: Callable[[int], Any] | None = None,
+    cuda_graphs: bool = False,
 ) -> TBPTTStep:
     """Factory of the TBPTT(k1, k2) process function; :func:`create_tbptt_trainer` documents the arguments.
 
@@ -74,6 +82,7 @@ def tbptt_training_step(
     if recompute is not None:
         recompute = positive_int("recompute", recompute, "steps per rebuilt segment")
     device_type = device_type_of(model, device)
+    _check_graphs(cuda_graphs, source, device_type, recompute, target_count_fn, module_state)
     optimizer_step = OptimizerStep(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation)
     model_call = build_model_call(
         model,
@@ -84,6 +93,7 @@ def tbptt_training_step(
         module_state=module_state,
         initial_state=initial_state,
         layout=Layout(time_dim),
+        cache_casts=not cuda_graphs,
     )
     return TBPTTStep(
         model,
@@ -99,7 +109,38 @@ def tbptt_training_step(
         output_transform=output_transform,
         target_count_fn=target_count_fn,
         recompute=recompute,
+        graphs=_window_graphs(model_call, loss_fn, optimizer_step, device_type) if cuda_graphs else None,
     )
+
+
+def _window_graphs(model_call: Any, loss_fn: Any, optimizer_step: OptimizerStep, device_type: str) -> WindowGraphs:
+    capture = device_type == "cuda"  # elsewhere (the tests on the CPU): the same programs, run without capture
+    return WindowGraphs(model_call, loss_fn, optimizer_step.scaler, optimizer_step.parameters, capture=capture)
+
+
+def _has_graphs(device_type: str) -> bool:
+    # CUDA is the one device with graphs; the tests of the programs on CPU replace this check.
+    return device_type == "cuda"
+
+
+def _check_graphs(
+    cuda_graphs: bool, source: WindowSource, device_type: str, recompute: Any, target_count_fn: Any, module_state: Any
+) -> None:
+    if not cuda_graphs:
+        return
+    if not _has_graphs(device_type):
+        raise ValueError(
+            f"cuda_graphs=True captures windows in CUDA graphs, but the model is on {device_type!r}: move it to a "
+            "CUDA device (model.to('cuda'), or device='cuda'), or pass cuda_graphs=False."
+        )
+    check_graphable(source)
+    for name, value, why in (
+        ("recompute", recompute, "a captured window is paid at once and rebuilds nothing"),
+        ("target_count_fn", target_count_fn, "its count is read on the host, which a captured window cannot do"),
+        ("module_state", module_state, "state kept in attributes is not captured yet"),
+    ):
+        if value is not None:
+            raise ValueError(f"cuda_graphs=True does not take {name} ({why}); pass one or the other.")
 
 
 def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
@@ -196,6 +237,7 @@ def create_tbptt_trainer(
     reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
     module_state: Sequence[str] | None = None,
     initial_state: Callable[[int], Any] | None = None,
+    cuda_graphs: bool = False,
     deterministic: bool = False,
 ) -> Engine:
     """Create an ignite trainer that runs truncated backpropagation through time, TBPTT(k1, k2).
@@ -287,6 +329,15 @@ def create_tbptt_trainer(
             module with parameters (a learned initial state, a Recurrent Memory Transformer's initial memory) gets
             the gradient of every window whose backward pass reaches such a start, computed with its values at
             that step (SPEC.md, "Learned initial state"); put it in the optimizer.
+        cuda_graphs: capture windows in CUDA graphs (:mod:`ignite_tbptt.runtime.graphed`), for small models whose
+            GPU steps are bound by kernel launches. Each window of a new shape runs three times eagerly, is then
+            captured once (its forward pass, loss and backward pass, the reset of columns starting a sequence at
+            its first step as a mask) and is replayed with its input, targets and hidden state copied into static
+            buffers; up to 8 shapes. The optimizer step, the inf/NaN check, clipping and every handler run eagerly
+            between windows, as without graphs. A stream's first window, the run's second, and a window split by
+            a sequence start inside it run eagerly. Needs the model on CUDA and k1 = k2; the model, ``model_fn``
+            and ``loss_fn`` must not read values back to the host, and Python code in them runs only at capture.
+            Gradients are then zeroed in place (``zero_grad(set_to_none=False)``). Default False.
         deterministic: use ignite's ``DeterministicEngine``.
 
     Returns:
@@ -338,7 +389,11 @@ def create_tbptt_trainer(
             Batch errors are raised before the batch changes anything. From ``trainer.load_state_dict`` (ignite's
             ``Checkpoint.load_objects``), before anything loads, if the checkpoint was made with another
             configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
-            naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own.
+            naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
+            ``cuda_graphs=True``: a model that is not on a CUDA device, k2 != k1 (also for a handler's window
+            source), ``recompute``, ``target_count_fn`` or ``module_state``.
+        GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
+            captured (a read from the device, or shapes from data, in the model or the loss), naming the fix.
         StateWrittenInPlace: (a ``RuntimeError``) during a run, if a model call wrote in place into the hidden
             state it was given, naming the tensor's path in the state, its shape, the segment and its window, before
             autograd's own error (:mod:`ignite_tbptt.runtime.in_place`).
@@ -401,6 +456,7 @@ def create_tbptt_trainer(
         reset_hidden=reset_hidden,
         module_state=module_state,
         initial_state=initial_state,
+        cuda_graphs=cuda_graphs,
     )
     engine = DeterministicTBPTTEngine(step) if deterministic else TBPTTEngine(step)
     if step.scaler is not None:

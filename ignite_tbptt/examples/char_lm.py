@@ -66,7 +66,7 @@ from ignite_tbptt import (
 )
 from ignite_tbptt.data import pack_sequences, stream_batches
 
-from .options import add_device_option
+from .options import add_cuda_graphs_option, add_device_option
 
 __all__ = [
     "STDLIB_MODULES",
@@ -303,6 +303,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--amp", choices=("none", "bf16", "fp16"), default="none", help="autocast dtype (fp16 adds a GradScaler)"
     )
     add_device_option(p)
+    add_cuda_graphs_option(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--logdir",
@@ -402,7 +403,10 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
         autocast_dtype=amp_dtype,
         scaler=args.amp == "fp16",
         device=device,
-        target_count_fn=lambda y_pred, y: count_targets(y),  # padding does not count in the mean
+        # Padding does not count in the mean. Training batches hold none (packed with drop_last, or a stream), so
+        # captured windows, which cannot read a count on the host, count every target.
+        target_count_fn=None if args.cuda_graphs else lambda y_pred, y: count_targets(y),
+        cuda_graphs=args.cuda_graphs,
         deterministic=True,  # resumable mid-epoch: ignite's DeterministicEngine skips the batches already seen
     )
     if args.clip > 0:

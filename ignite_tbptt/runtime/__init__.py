@@ -14,6 +14,7 @@ ignite. A new kind of hidden state (how it is flattened, detached, reset) goes h
 from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
 from .executor import SegmentExecutor, SegmentResult
 from .gradients import divide_and_check, skips_on_device
+from .graphed import GraphCaptureError, WindowGraphs, check_graphable
 from .in_place import StateWrittenInPlace
 from .loss_sum import LossSum
 from .model_call import ModelCall, autocast_for, build_model_call, default_model_fn, device_type_of
@@ -48,6 +49,9 @@ __all__ = [
     "LossSum",
     "divide_and_check",
     "skips_on_device",
+    "WindowGraphs",
+    "GraphCaptureError",
+    "check_graphable",
     "profiled",
     "profiling",
 ]

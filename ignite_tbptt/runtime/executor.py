@@ -19,6 +19,7 @@ from ..planning import ClosePlan, SegmentPlan
 from . import hidden as hs
 from . import rng
 from .backward_sweep import Replay, Segment
+from .graphed import WindowGraphs
 from .in_place import StateWrittenInPlace
 from .model_call import ModelCall
 from .module_state import check_attributes, check_state_cut
@@ -51,6 +52,7 @@ class SegmentExecutor:
             open window's loss and target count.
         scaler: the ``GradScaler`` every backward is scaled by, or ``None``.
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
+        graphs: the window programs (CUDA graphs) that run whole windows paid at once, or ``None``.
     """
 
     def __init__(
@@ -60,9 +62,10 @@ class SegmentExecutor:
         stream: StreamState,
         scaler: torch.amp.GradScaler | None,
         target_count_fn: Callable[[Any, Any], int] | None,
+        graphs: WindowGraphs | None = None,
     ) -> None:
         self.model_call, self.loss_fn, self.stream = model_call, loss_fn, stream
-        self.scaler, self.target_count_fn = scaler, target_count_fn
+        self.scaler, self.target_count_fn, self.graphs = scaler, target_count_fn, graphs
         self._columns_to_check: int | None = None  # columns the default reset must handle, checked at the next call
         self._state_cut_checked = False  # whether a call's returned state was checked not to grow from the last one
 
@@ -96,6 +99,10 @@ class SegmentExecutor:
         """
         stream = self.stream
         hidden, versions = stream.hidden, stream.history.versions
+        if self.graphs is not None and plan.whole_window and plan.backward_now and not plan.joins_history:
+            result = self._run_program(plan, x, y, resets, keep_predictions)
+            if result is not None:
+                return result
         hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
         replay = None
         if not plan.backward_now:
@@ -149,6 +156,23 @@ class SegmentExecutor:
         stream.hidden, stream.position = hidden_out, plan.end
         stream.window_loss.add(loss, n, plan.whole_window)
         return SegmentResult(loss, n, hs.detached(y_pred) if keep_predictions else None)
+
+    def _run_program(
+        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
+    ) -> SegmentResult | None:
+        # A whole window paid at once, retaining nothing, as a window program (a CUDA graph), once the run's first
+        # calls were checked eagerly; None where it runs eagerly.
+        stream = self.stream
+        if not self._state_cut_checked or stream.hidden is None or self._columns_to_check is not None or profiling():
+            return None
+        ran = self.graphs.run(plan, x, y, stream.hidden, resets)
+        if ran is None:
+            return None
+        mean, stream.hidden, predictions = ran
+        n = y.numel()
+        stream.position = plan.end
+        stream.window_loss.add(mean, n, True)
+        return SegmentResult(mean, n, predictions if keep_predictions else None)
 
     def _forward(self, plan: SegmentPlan, x: Any, hidden_in: Any, resets: torch.Tensor | None) -> tuple[Any, Any]:
         versions = self.stream.history.versions

@@ -38,11 +38,18 @@ def device_type_of(model: torch.nn.Module, device: str | torch.device | None) ->
     return next((p.device.type for p in model.parameters()), "cpu")
 
 
-def autocast_for(device_type: str, dtype: torch.dtype | None) -> Callable[[], AbstractContextManager]:
-    """A factory of ``torch.autocast`` contexts for ``dtype``, or of null contexts when ``dtype`` is None."""
+def autocast_for(
+    device_type: str, dtype: torch.dtype | None, cache_enabled: bool = True
+) -> Callable[[], AbstractContextManager]:
+    """A factory of ``torch.autocast`` contexts for ``dtype``, or of null contexts when ``dtype`` is None.
+
+    ``cache_enabled=False`` for calls captured in CUDA graphs, as PyTorch's notes require.
+    """
 
     def autocast() -> AbstractContextManager:
-        return torch.autocast(device_type, dtype=dtype) if dtype is not None else _NO_CONTEXT
+        if dtype is None:
+            return _NO_CONTEXT
+        return torch.autocast(device_type, dtype=dtype, cache_enabled=cache_enabled)
 
     return autocast
 
@@ -174,8 +181,11 @@ def build_model_call(
     module_state: Sequence[str] | None,
     initial_state: Callable[[int], Any] | None,
     layout: Layout,
+    cache_casts: bool = True,
 ) -> ModelCall:
     """The model call of a trainer or an evaluator, from their arguments (documented there).
+
+    ``cache_casts=False`` turns autocast's cache of cast weights off, for calls captured in CUDA graphs.
 
     Raises:
         TypeError: if ``module_state`` is not a list of paths or ``initial_state`` is not callable.
@@ -195,5 +205,5 @@ def build_model_call(
             )
     if module_state is not None:
         model_fn = ModuleState(model, module_state).wrap(None if model_fn is default_model_fn else model_fn)
-    autocast = autocast_for(device_type_of(model, device), autocast_dtype)
+    autocast = autocast_for(device_type_of(model, device), autocast_dtype, cache_casts)
     return ModelCall(model, model_fn, autocast, reset_hidden, initial_state, layout)

@@ -1,0 +1,201 @@
+"""``cuda_graphs=True``: windows run as programs over static buffers, captured in CUDA graphs on a GPU.
+
+On the CPU the same programs run without capture, and must give the eager trainer's parameters bit for bit; under
+``--device cuda`` they are captured and replayed, and must agree with the eager trainer to float64 rounding.
+"""
+
+from unittest import mock
+
+import pytest
+import torch
+from torch import nn
+
+from ignite_tbptt import AdaptiveTruncation, GradientClipping, TBPTTEvents, create_tbptt_trainer
+from ignite_tbptt.engine import trainer as trainer_module
+from ignite_tbptt.runtime import graphed, model_call
+
+
+class CharModel(nn.Module):
+    def __init__(self, vocab=10, hidden=8, cell=nn.GRU):
+        super().__init__()
+        self.embedding, self.rnn, self.out = nn.Embedding(vocab, 6), cell(6, hidden), nn.Linear(hidden, vocab)
+
+    def forward(self, x, hidden=None):
+        h, hidden = self.rnn(self.embedding(x), hidden)
+        return self.out(h), hidden
+
+
+def loss_fn(y_pred, y):
+    return nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten())
+
+
+def batches(length=25, count=4, columns=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    data = torch.randint(0, 10, (length * count + 1, columns), generator=g).to(torch.get_default_device())
+    return [(data[i : i + length], data[i + 1 : i + 1 + length]) for i in range(0, length * count, length)]
+
+
+def train(cuda_graphs, data, epochs=2, optimizer=None, handlers=(), cell=nn.GRU, dtype=torch.float64, **options):
+    torch.manual_seed(0)
+    model = CharModel(cell=cell).to(dtype)
+    make = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    opt = make(model.parameters())
+    # The CPU has no graphs: the check lets the programs run there, uncaptured, as the tests of them.
+    with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
+        trainer = create_tbptt_trainer(model, opt, loss_fn, cuda_graphs=cuda_graphs, **{"k1": 5, **options})
+    for attach in handlers:
+        attach(trainer)
+    runs = []
+    original = graphed.WindowProgram.__call__
+
+    def counted(self, *args):
+        runs.append(self)
+        return original(self, *args)
+
+    with mock.patch.object(graphed.WindowProgram, "__call__", counted):
+        trainer.run(data, max_epochs=epochs)
+    return model, trainer, len(runs)
+
+
+def assert_same(a, b, device):
+    for p, q in zip(a.parameters(), b.parameters()):
+        if device.type == "cpu":  # the same operations on the same values
+            assert torch.equal(p, q)
+        else:  # captured kernels, float64
+            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("carry_hidden", [False, True])
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_programs_give_the_eager_parameters(device, carry_hidden, accumulation):
+    data = batches()
+    options = {"carry_hidden": carry_hidden, "gradient_accumulation_steps": accumulation}
+    eager, eager_trainer, _ = train(False, data, **options)
+    graphed_model, trainer, runs = train(True, data, **options)
+    assert_same(eager, graphed_model, device)
+    assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
+    # 5 windows a batch, 8 batches: each stream's first window runs eagerly (no state yet; a stream is an epoch or a
+    # batch), and so does the run's second, whose state the model call checks it read; the others as programs.
+    assert runs == (40 - 2 - 1 if carry_hidden else 40 - 8 - 1)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda params: torch.optim.SGD(params, lr=0.1, fused=True),
+        lambda params: torch.optim.Adam(params, lr=0.01, fused=True),
+        lambda params: torch.optim.AdamW(params, lr=0.01, foreach=True),
+    ],
+    ids=["fused SGD", "fused Adam", "foreach AdamW"],
+)
+def test_optimizers_and_the_inf_check_are_unchanged(device, make):
+    data = batches()
+    eager, _, _ = train(False, data, optimizer=make, carry_hidden=True)
+    graphed_model, _, runs = train(True, data, optimizer=make, carry_hidden=True)
+    assert_same(eager, graphed_model, device)
+    assert runs > 0
+
+
+def test_sequence_starts_reset_inside_the_program_and_split_windows_run_eagerly(device):
+    data = batches()
+    starts_at = {0: [1], 10: [0, 3], 20: [2], 7: [1]}  # steps 0, 10, 20 open windows; step 7 splits one
+    with_starts = []
+    for x, y in data:
+        starts = torch.zeros(x.shape, dtype=torch.bool)
+        for step, columns in starts_at.items():
+            starts[step, columns] = True
+        with_starts.append((x, y, starts))
+    eager, _, _ = train(False, with_starts, carry_hidden=True)
+    graphed_model, trainer, runs = train(True, with_starts, carry_hidden=True)
+    assert_same(eager, graphed_model, device)
+    keys = trainer._process_function.loop.executor.graphs.programs
+    assert any(key[4] for key in keys) and any(not key[4] for key in keys)  # with a reset mask and without
+    assert runs == 40 - 2 - 2 * 4  # the window holding step 7 is split in every batch after the first
+
+
+def test_clipping_a_handler_setting_gradients_to_none_and_predictions(device):
+    data = batches()
+
+    def zero_to_none(trainer):
+        params = trainer._process_function.parameters()
+
+        @trainer.on(TBPTTEvents.OPTIMIZER_STEP_COMPLETED)
+        def _(engine):
+            for p in params:
+                p.grad = None
+
+    handlers = [lambda t: GradientClipping(t._process_function.parameters, max_norm=0.05).attach(t), zero_to_none]
+
+    def keep(x, y, y_pred, loss):
+        return y_pred
+
+    eager, eager_trainer, _ = train(False, data, handlers=handlers, output_transform=keep, carry_hidden=True)
+    graphed_model, trainer, runs = train(True, data, handlers=handlers, output_transform=keep, carry_hidden=True)
+    assert_same(eager, graphed_model, device)
+    assert runs > 0
+    torch.testing.assert_close(trainer.state.output, eager_trainer.state.output, rtol=0, atol=0)
+
+
+def test_bfloat16_autocast(device):
+    data = batches()
+    autocast = {"autocast_dtype": torch.bfloat16, "carry_hidden": True}
+    # Capture needs autocast without its cache of cast weights, which rounds a GRU's bfloat16 differently on the CPU:
+    # the eager reference runs without the cache too.
+    uncached = model_call.autocast_for
+    with mock.patch.object(model_call, "autocast_for", lambda kind, dtype, cache=True: uncached(kind, dtype, False)):
+        eager, _, _ = train(False, data, dtype=torch.float32, **autocast)
+    graphed_model, _, runs = train(True, data, dtype=torch.float32, **autocast)
+    if device.type == "cpu":
+        assert_same(eager, graphed_model, device)
+    else:  # bfloat16 rounding, float32 weights
+        for p, q in zip(eager.parameters(), graphed_model.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5)
+    assert runs > 0
+
+
+def test_a_grad_scaler_scales_each_program_backward(device):
+    data = batches()
+    eager, _, _ = train(False, data, dtype=torch.float32, scaler=True, carry_hidden=True)
+    graphed_model, _, runs = train(True, data, dtype=torch.float32, scaler=True, carry_hidden=True)
+    for p, q in zip(eager.parameters(), graphed_model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0) if device.type == "cpu" else torch.testing.assert_close(p, q)
+    assert runs > 0
+
+
+def test_shapes_past_the_limit_run_eagerly(device):
+    data = [batches(length=length, count=1, seed=length)[0] for length in (25, 23, 22, 21)]
+    eager, _, _ = train(False, data, carry_hidden=False)
+    with mock.patch.object(graphed.WindowGraphs, "__init__", _limited(2)):
+        graphed_model, trainer, runs = train(True, data, carry_hidden=False)
+    assert_same(eager, graphed_model, device)
+    # Shapes of 5 steps and of 3 steps (25 % 5 = 0, 23 % 5 = 3) are programs; 2 and 1 steps run eagerly.
+    assert len(trainer._process_function.loop.executor.graphs.programs) == 2
+
+
+def _limited(limit):
+    original = graphed.WindowGraphs.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **{**kwargs, "limit": limit})
+
+    return init
+
+
+def test_what_graphs_do_not_take_is_refused_at_construction():
+    model = CharModel()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"on 'cpu': move it to a CUDA device"):
+        create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs=True)
+    with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
+        for options, match in (
+            ({"k2": 10}, r"k1 = 5, k2 = 10, whose windows retain"),
+            ({"k2": 2}, r"k1 = 5, k2 = 2"),
+            ({"recompute": 2}, r"does not take recompute"),
+            ({"target_count_fn": lambda y_pred, y: y.numel()}, r"does not take target_count_fn"),
+            ({"module_state": ["rnn.h"]}, r"does not take module_state"),
+        ):
+            with pytest.raises(ValueError, match=match):
+                create_tbptt_trainer(model, optimizer, loss_fn, **{"k1": 5, **options}, cuda_graphs=True)
+        trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs=True)
+        with pytest.raises(ValueError, match=r"captures windows of TBPTT\(k1, k2\) with k1 = k2"):
+            AdaptiveTruncation(0.1, 6, 20).attach(trainer)
