@@ -47,7 +47,17 @@ class Layout(NamedTuple):
         return t.shape[self.time_dim]
 
     def columns(self, t: Any) -> int:
-        """The number of columns (parallel streams) of ``t``."""
+        """The number of columns (parallel streams) of ``t``.
+
+        Raises:
+            ValueError: if ``t`` has a time axis only (shape ``(T,)``), so no batch axis to count.
+        """
+        if t.dim() < 2:
+            raise ValueError(
+                f"an input of shape {tuple(t.shape)} has a time axis only, but its number of columns is needed (by "
+                "initial_state(batch_size), or a per-column reset); give it a batch axis, e.g. x.unsqueeze(1) for "
+                "(T, 1)."
+            )
         return t.shape[self.batch_axis(t)]
 
     def steps(self, t: Any, start: int, end: int) -> Any:

@@ -112,3 +112,23 @@ def test_time_dim_out_of_range_names_it():
     x, y = make_batches((5,))[0]
     with pytest.raises(ValueError, match="time_dim=3 is out of range for x of shape"):
         trainer.run([(x, y)])
+
+
+def test_a_batch_without_a_batch_axis_is_refused_where_columns_are_needed():
+    class Scalar(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(()))
+
+        def forward(self, x, hidden):
+            return x * self.weight + hidden.sum(), hidden
+
+    model = Scalar()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = create_tbptt_trainer(
+        model, optimizer, nn.functional.mse_loss, k1=2, initial_state=lambda columns: torch.zeros(columns)
+    )
+    x = torch.randn(6)
+    with pytest.raises(ValueError, match=r"an input of shape \(2,\) has a time axis only.*x.unsqueeze\(1\)"):
+        trainer.run([(x, x)])
+    assert torch.equal(model.weight, torch.ones(()))
