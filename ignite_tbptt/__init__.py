@@ -9,6 +9,7 @@ without torch; :mod:`~ignite_tbptt.runtime` carries the plans out with torch, wi
 from .data import count_targets, masked_loss
 from .engine import (
     DeterministicTBPTTEngine,
+    FullStateDict,
     TBPTTEngine,
     TBPTTEvents,
     TBPTTStep,
@@ -51,6 +52,7 @@ __all__ = [
     "plot_reach",
     "attach_tensorboard",
     "load_checkpoint",
+    "FullStateDict",
     "masked_loss",
     "count_targets",
 ]

@@ -15,6 +15,7 @@ from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
 from .process import TBPTTStep
+from .sharded_state import FullStateDict
 from .trainer import create_tbptt_trainer, tbptt_training_step
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "TBPTTEvents",
     "create_tbptt_evaluator",
     "load_checkpoint",
+    "FullStateDict",
 ]

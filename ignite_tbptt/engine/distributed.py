@@ -21,12 +21,15 @@ from __future__ import annotations
 import ignite.distributed as idist
 import torch
 
+from ..runtime.sharded import is_sharded
+
 __all__ = [
     "is_distributed",
     "broadcast_parameters",
     "all_reduce_gradients",
     "synchronise",
     "ProcessesDisagree",
+    "all_start_steps",
     "gather_states",
     "own_state",
 ]
@@ -39,9 +42,13 @@ def is_distributed() -> bool:
 
 @torch.no_grad()
 def broadcast_parameters(parameters: list[torch.Tensor]) -> None:
-    """Give every process rank 0's parameters, so that all start from the same weights."""
+    """Give every process rank 0's parameters, so that all start from the same weights.
+
+    Parameters sharded by FSDP2 are left alone: each shard lives on one process, so they are one tensor already.
+    """
     for p in parameters:
-        p.copy_(idist.broadcast(p.detach(), src=0))
+        if not is_sharded(p):
+            p.copy_(idist.broadcast(p.detach(), src=0))
 
 
 class ProcessesDisagree(RuntimeError):
@@ -97,13 +104,26 @@ def _shown(row: list[int]) -> str:
     return f"optimizer step {step} (epoch {epoch}, iteration {iteration}, window {window})"
 
 
+def all_start_steps(steps: list[int], length: int, device: torch.device) -> list[int]:
+    """The steps of a batch of ``length`` steps where some column of *any* process starts a sequence: one collective.
+
+    A model sharded by FSDP2 gathers its weights in every model call, so every process must make the same calls:
+    a segment ends where a sequence starts on any process, not only on this one.
+    """
+    marks = torch.zeros(length, dtype=torch.int32, device=device)
+    marks[steps] = 1
+    return torch.nonzero(idist.all_reduce(marks, op="MAX")).flatten().tolist()
+
+
 @torch.no_grad()
 def all_reduce_gradients(parameters: list[torch.Tensor]) -> None:
     """Sum the parameters' gradients over all processes, in place: one collective per dtype and device.
 
     A parameter without a gradient on this process counts as zeros, so that every process reduces
-    buffers of the same layout.
+    buffers of the same layout. Parameters sharded by FSDP2 are left alone: their gradients were reduce-scattered
+    as sums in FSDP2's post-backward hooks (:func:`~ignite_tbptt.runtime.sharded.sum_gradients`).
     """
+    parameters = [p for p in parameters if not is_sharded(p)]
     for p in parameters:
         if p.grad is None:
             p.grad = torch.zeros_like(p)

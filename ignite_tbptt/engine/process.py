@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import ignite.distributed as idist
 import torch
 from ignite.contrib.engines.tbptt import Tbptt_Events
 from ignite.engine import Engine, Events
@@ -14,6 +15,7 @@ from ..planning import WindowSource
 from ..runtime import ModelCall, RetainedHistory, WindowGraphs
 from ..runtime import hidden as hs
 from ..runtime.compiled import retainable
+from ..runtime.sharded import is_sharded, sum_gradients
 from . import distributed
 from .checkpoint import check_resume, configuration, source_type
 from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
@@ -188,7 +190,14 @@ class TBPTTStep:
         loop.failed = None  # an interrupted run's refused step is not this run's
         self.optimizer_step.failure()  # nor are its device decisions
         self.optimizer_step.distributed = distributed.is_distributed()
+        loop.sharded = self.optimizer_step.distributed and any(is_sharded(p) for p in self.parameters())
+        if loop.sharded and loop.executor.graphs is not None:
+            raise ValueError(
+                "cuda_graphs=True with a model sharded by FSDP2: its gathers and reduce-scatters run in every model "
+                "call and are not captured. Pass cuda_graphs=False."
+            )
         if self.optimizer_step.distributed:
+            sum_gradients(loop.model, idist.backend())  # FSDP2's modules: sums, for the division by all targets
             distributed.broadcast_parameters(self.parameters())
         if engine.state.iteration == 0:
             _zero_counters(engine)

@@ -33,6 +33,7 @@ from ..runtime import (
     profiling,
     reach_profile,
 )
+from . import distributed
 from .optimizer_step import OptimizerStep
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
@@ -119,7 +120,7 @@ class StreamLoop:
         self.layout, self.carry_hidden = Layout(time_dim), carry_hidden
         self.planner = StreamPlanner(source, recompute)
         # Only windows that reach into earlier ones keep graphs alive across an optimizer step.
-        versions = ParameterVersions(optimizer_step.parameters) if source.spans_windows else None
+        versions = ParameterVersions(optimizer_step.parameters, model) if source.spans_windows else None
         history = RetainedHistory(model_call, optimizer_step.parameters, versions, recompute is not None)
         self.stream = StreamState(history)
         self.executor = SegmentExecutor(
@@ -129,6 +130,9 @@ class StreamLoop:
         self.listener: LoopListener | None = None
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.attributes_checked = False  # the model's attributes were checked for graphs after a first window
+        #: The model has parameters sharded by FSDP2 and runs in a distributed group: every process makes the same
+        #: model calls (set when a run starts).
+        self.sharded = False
 
     @property
     def history(self) -> RetainedHistory:
@@ -150,7 +154,7 @@ class StreamLoop:
         if self.executor.graphs is not None:
             check_graphable(source)
         if source.spans_windows and self.history.versions is None:
-            self.history.versions = ParameterVersions(self.optimizer_step.parameters)
+            self.history.versions = ParameterVersions(self.optimizer_step.parameters, self.model)
         self.planner.source = source
 
     def reset(self) -> None:
@@ -182,13 +186,16 @@ class StreamLoop:
 
         Returns:
             Its length, and the columns starting a sequence (``(B,)`` bool) at each step of the batch where any
-            does.
+            does (for a model sharded by FSDP2, at each step where any column of any process does; ``None`` where
+            none of this process's does).
 
         Raises:
             TypeError, ValueError: as :func:`~ignite_tbptt.create_tbptt_trainer` lists for batches.
         """
         length = check_pair(x, y, self.layout)
         resets = {} if starts is None else self._check_starts(x, starts)
+        if self.sharded and starts is not None:  # every process splits its segments where any process resets
+            resets = {t: resets.get(t) for t in distributed.all_start_steps(list(resets), length, x.device)}
         if self.carry_hidden and x.dim() > 1:
             self.stream.check_columns(self.layout.columns(x))
         return length, resets

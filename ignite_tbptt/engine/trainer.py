@@ -391,7 +391,8 @@ def create_tbptt_trainer(
             configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
             naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
             ``cuda_graphs=True``: a model that is not on a CUDA device, k2 != k1 (also for a handler's window
-            source), ``recompute``, ``target_count_fn`` or ``module_state``.
+            source), ``recompute``, ``target_count_fn`` or ``module_state``; when a run starts, a model sharded by
+            FSDP2.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
             captured (a read from the device, or shapes from data, in the model or the loss), naming the fix.
         StateWrittenInPlace: (a ``RuntimeError``) during a run, if a model call wrote in place into the hidden

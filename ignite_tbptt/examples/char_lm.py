@@ -34,6 +34,7 @@ bias (:class:`~ignite_tbptt.ARTBP`, windows of ``L`` steps on average).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import signal
@@ -56,6 +57,7 @@ from ignite_tbptt import (
     ARTBP,
     AdaptiveTruncation,
     BitsPerTarget,
+    FullStateDict,
     GradientClipping,
     GradientReach,
     attach_tensorboard,
@@ -314,6 +316,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=100, help="iterations between checkpoints, 0 for none")
     p.add_argument("--resume", type=Path, help="checkpoint file to continue from")
     p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    process_options(p)
+    truncation_options(p)
+    args = p.parse_args(argv)
+    if args.artbp and args.adaptive:
+        p.error("--artbp and --adaptive choose the windows in two ways: pass one of them.")
+    if args.fsdp and args.nproc < 2:
+        p.error("--fsdp shards the model over processes: pass --nproc 2 or more.")
+    return args
+
+
+def process_options(p: argparse.ArgumentParser) -> None:
+    """``--nproc``, ``--fsdp`` and ``--threads``: the processes that train, whether they shard the model, threads."""
     p.add_argument(
         "--nproc",
         type=int,
@@ -321,16 +335,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="processes to train on (gloo on CPU, nccl on CUDA); each takes its share of the columns (default 1)",
     )
     p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard the model over the --nproc processes with FSDP2 (fully_shard per layer and at the root)",
+    )
+    p.add_argument(
         "--threads",
         type=int,
         default=None,
         help="torch's CPU threads (default: torch's, one per core); 1 where another job shares the cores",
     )
-    truncation_options(p)
-    args = p.parse_args(argv)
-    if args.artbp and args.adaptive:
-        p.error("--artbp and --adaptive choose the windows in two ways: pass one of them.")
-    return args
 
 
 def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
@@ -390,6 +404,12 @@ def truncation(args: argparse.Namespace) -> str:
 def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tuple:
     """The model, its optimizer, the TBPTT trainer (with clipping) and the evaluator."""
     model = CharLSTM(vocab_size, args.embedding, args.hidden, args.layers).to(device)
+    if args.fsdp:  # each layer, then the root, as FSDP2's documentation shards a transformer
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in (model.embedding, model.lstm, model.readout):
+            fully_shard(layer)
+        fully_shard(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
     trainer = create_tbptt_trainer(
@@ -460,6 +480,9 @@ def _process(local_rank: int, args: argparse.Namespace, result: Path) -> None:
     history = train_process(args)
     if idist.get_rank() == 0:
         result.write_text(json.dumps(history))
+    # Free the model while the process group is alive: a sharded one keeps FSDP2's last asynchronous collectives,
+    # which gloo's threads may abort on if they are freed at the interpreter's exit.
+    gc.collect()
 
 
 def attach_handlers(args: argparse.Namespace, trainer: Any, evaluator: Any, to_save: dict, logs: bool) -> Any:
@@ -522,6 +545,8 @@ def train(args: argparse.Namespace, interrupted: StopOnInterrupt) -> dict:
         )
 
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
+    if args.fsdp:  # the full state dicts: rank 0 writes the file, and every process loads its shards from it
+        to_save.update(model=FullStateDict(model), optimizer=FullStateDict(model, optimizer))
     if args.resume:
         resume(args, to_save, device, say)
     args.logdir.mkdir(parents=True, exist_ok=True)

@@ -23,6 +23,11 @@ optimizer step, only of parameters, and only while retained history exists.
 
 The hooks run inside the model's forward pass; under ``torch.compile`` they are marked for Dynamo not to
 trace (:mod:`ignite_tbptt.runtime.compiled`).
+
+Parameters sharded by FSDP2 are saved as their unsharded tensors, which FSDP2 frees after the forward pass and
+gathers again, with the current weights, before the backward pass (:mod:`ignite_tbptt.runtime.sharded`). They are
+recognised by their storage object, and a version keeps this process's *shard* of each, gathered into the unsharded
+weights the first time a retained segment of that version is backpropagated after the step.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
+from typing import Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 from .compiled import never_traced
+from .sharded import gathered, is_sharded, unsharded_storages
 
 __all__ = ["WeightVersion", "ParameterVersions"]
 
@@ -60,10 +67,12 @@ def _view(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor:
 class WeightVersion:
     """The weights between two optimizer steps: the live parameters until frozen, then copies of them."""
 
-    __slots__ = ("copies", "records", "__weakref__")
+    __slots__ = ("copies", "records", "shards", "unsharded", "__weakref__")
 
     def __init__(self) -> None:
         self.copies: dict[int, torch.UntypedStorage] | None = None
+        self.shards: dict[int, torch.Tensor] = {}  # sharded parameters (by id): this process's shard, once frozen
+        self.unsharded: dict[int, torch.Tensor] = {}  # the same gathered, once a retained segment needed them
         # Weak references without callbacks: a WeakSet runs Python in the collector, where a Ctrl-C that lands is
         # printed as "Exception ignored" and lost, so training went on.
         self.records: list[weakref.ref[_SavedParameter]] = []
@@ -95,6 +104,30 @@ class _SavedParameter:
         return self.frozen
 
 
+class _SavedShard:
+    """An unsharded FSDP2 parameter saved by a graph: FSDP2's gathered tensor until frozen, then the version's."""
+
+    __slots__ = ("version", "tensor", "parameter", "frozen")
+
+    def __init__(self, version: WeightVersion, tensor: torch.Tensor, parameter: torch.Tensor) -> None:
+        self.version, self.tensor, self.parameter = version, tensor, parameter
+        self.frozen: torch.Tensor | None = None
+
+    def unpack(self) -> torch.Tensor:
+        v = self.version
+        if v.copies is None:
+            # FSDP2 gathered the weights again before this backward pass, and no step came in between. Its gather
+            # writes into the tensor, so the version counter says nothing here.
+            return self.tensor
+        if self.frozen is None:
+            key = id(self.parameter)
+            if key not in v.unsharded:  # one all-gather per parameter and version, on every process alike
+                # In the dtype the forward pass used: FSDP2's MixedPrecisionPolicy gathers bfloat16, say.
+                v.unsharded[key] = gathered(v.shards[key], self.parameter).to(self.tensor.dtype)
+            self.frozen = _view(v.unsharded[key].untyped_storage(), self.tensor)
+        return self.frozen
+
+
 class ParameterVersions:
     """Saved-tensor hooks that let retained graphs outlive in-place optimizer steps.
 
@@ -117,14 +150,21 @@ class ParameterVersions:
         tensor([[3.]])
     """
 
-    def __init__(self, parameters: Callable[[], Iterable[torch.Tensor]]) -> None:
-        self._parameters = parameters
+    def __init__(self, parameters: Callable[[], Iterable[torch.Tensor]], model: torch.nn.Module | None = None) -> None:
+        self._parameters, self._model = parameters, model
         self._storages: set[int] = set()
+        self._unsharded: dict[int, Any] | None = None  # FSDP2 parameters by unsharded storage object, if any
+        self._sharded_count = 0  # how many parameters FSDP2 sharded
         self.current = WeightVersion()
 
     def hooks(self) -> AbstractContextManager:
         """Context manager under which the forward pass of retained steps runs."""
-        self._storages = {_key(p) for p in self._parameters() if p.numel()}
+        params = [p for p in self._parameters() if p.numel()]
+        sharded = self._model is not None and any(is_sharded(p) for p in params)
+        self._storages = {_key(p) for p in params if not sharded or not is_sharded(p)}
+        # FSDP2 makes the unsharded tensors at its first gather, inside the first forward pass: looked up again then.
+        self._unsharded = unsharded_storages(self._model) if sharded else None
+        self._sharded_count = sum(is_sharded(p) for p in params) if sharded else 0
         never_traced(ParameterVersions._pack, _unpack, _SavedParameter.__init__, _SavedParameter.unpack, _key, _view)
         return saved_tensors_hooks(self._pack, _unpack)
 
@@ -137,7 +177,11 @@ class ParameterVersions:
                 record.at_freeze = record.tensor._version
         v.records, v.copies = [], {}
         for p in self._parameters():
-            if p.numel() and _key(p) not in v.copies:
+            if not p.numel():
+                continue
+            if is_sharded(p):  # this process's shard: 1 / world size of the weights
+                v.shards[id(p)] = p.to_local().clone()
+            elif _key(p) not in v.copies:
                 v.copies[_key(p)] = p.untyped_storage().clone()
         self.current = WeightVersion()
 
@@ -146,7 +190,7 @@ class ParameterVersions:
         params = list(self._parameters())
         if version.copies is None:
             return [p.detach() for p in params]
-        return [_view(version.copies[_key(p)], p) if p.numel() else p.detach() for p in params]
+        return [_value(version, p) for p in params]
 
     def _pack(self, tensor: torch.Tensor) -> _SavedParameter | tuple[torch.Tensor, int]:
         # detach(): the record must not hold the tensor's grad_fn, or an output saved by its own node forms a
@@ -154,10 +198,28 @@ class ParameterVersions:
         alias = tensor.detach()
         if _key(tensor) in self._storages:
             return _SavedParameter(self.current, alias)
+        if self._unsharded is not None:
+            storage = tensor.untyped_storage()._cdata
+            if storage not in self._unsharded and len(self._unsharded) < self._sharded_count:
+                self._unsharded = unsharded_storages(self._model)
+            if storage in self._unsharded:
+                return _SavedShard(self.current, alias, self._unsharded[storage].sharded_param)
         return alias, alias._version  # a plain tuple: activations are most of what is saved
 
 
-def _unpack(saved: _SavedParameter | tuple[torch.Tensor, int]) -> torch.Tensor:
+def _value(version: WeightVersion, p: torch.Tensor) -> torch.Tensor:
+    # A frozen version's value of p: a view into the copy, or (sharded) the kept shard as the parameter's DTensor.
+    if not p.numel():
+        return p.detach()
+    if not is_sharded(p):
+        return _view(version.copies[_key(p)], p)
+    from torch.distributed.tensor import DTensor
+
+    shard = version.shards[id(p)]
+    return DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+
+
+def _unpack(saved: _SavedParameter | _SavedShard | tuple[torch.Tensor, int]) -> torch.Tensor:
     if type(saved) is tuple:
         tensor, version = saved
         if tensor._version != version:

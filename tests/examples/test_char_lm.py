@@ -243,3 +243,17 @@ def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninte
     assert resumed["valid_bpc"] == [full["valid_bpc"][-1]]  # exactly: the same parameters
     with pytest.raises(SystemExit, match="holds the streams of 2 processes, taken mid-epoch, and 1 are resuming it"):
         char_lm.main([*args, "--logdir", str(tmp_path / "one"), "--resume", str(checkpoint)])
+
+
+def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path):
+    args = [*STREAM, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--nproc", "2"]
+    plain = char_lm.main([*args, "--checkpoint-every", "0", "--logdir", str(tmp_path / "plain")])
+    sharded = char_lm.main([*args, "--fsdp", "--checkpoint-every", "40", "--logdir", str(tmp_path / "sharded")])
+    # The same training but for float32 rounding: FSDP2 reduce-scatters the gradients where the trainer all-reduces.
+    assert sharded["valid_bpc"] == pytest.approx(plain["valid_bpc"], abs=5e-3)
+    checkpoint = tmp_path / "sharded" / "checkpoints" / "checkpoint_120.pt"  # mid-epoch 2, retained segments
+    on = ["--fsdp", "--checkpoint-every", "0", "--logdir", str(tmp_path / "on"), "--resume", str(checkpoint)]
+    resumed = char_lm.main([*args, *on])
+    assert resumed["valid_bpc"] == [sharded["valid_bpc"][-1]]  # exactly: the full state dicts restore the shards
+    with pytest.raises(SystemExit):
+        char_lm.main([*STREAM, "--fsdp"])  # one process has nothing to shard over

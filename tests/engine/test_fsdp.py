@@ -1,0 +1,216 @@
+"""Models sharded by FSDP2 (``fully_shard`` per layer and at the root) train as one process on the whole batch.
+
+Each process holds a shard of every parameter and its share of the batch's columns; FSDP2 gathers the weights for
+each forward and backward pass and reduce-scatters the gradients. At k2 > k1 a segment retained across an optimizer
+step is backpropagated with the weights it ran with, gathered from the shards its version kept.
+"""
+
+import gc
+
+import ignite.distributed as idist
+import pytest
+import torch
+from ignite.engine import Events
+from ignite.handlers import Checkpoint, DiskSaver
+
+from ignite_tbptt import FullStateDict, GradientClipping, create_tbptt_trainer, load_checkpoint
+from ignite_tbptt.runtime import weight_versions
+
+from ..helpers import make_batches
+from ..reference import Net, cross_entropy
+
+pytestmark = [pytest.mark.slow, pytest.mark.cpu_only("starts gloo processes on the CPU")]
+
+fully_shard = pytest.importorskip("torch.distributed.fsdp").fully_shard
+
+BATCHES = make_batches([7, 12, 5], batch=4)
+
+
+def shard(model, **options):
+    """Each layer, then the root, as FSDP2's documentation shards a transformer."""
+    for layer in (model.inp, model.rnn, model.head):
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
+
+
+def in_process(local_rank, train, *args):
+    """Run ``train`` in a process of the group, then free what it made while the group is alive.
+
+    FSDP2 keeps its last asynchronous collectives' work objects on the model; freed only at the interpreter's exit,
+    after the group, gloo's threads now and then abort the process ("terminate called without an active exception").
+    The trainer holds the model in reference cycles, so the collector must run.
+    """
+    train(local_rank, *args)
+    gc.collect()
+
+
+def build(sharded, k1, k2, accumulation, clip, recompute=None):
+    torch.manual_seed(0)  # every process builds the same model before sharding it, as FSDP2 asks
+    model = Net().double()
+    if sharded:
+        shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.5)
+    options = {"carry_hidden": True, "gradient_accumulation_steps": accumulation, "recompute": recompute}
+    trainer = create_tbptt_trainer(model, optimizer, cross_entropy, k1, k2, **options)
+    if clip:
+        GradientClipping(model, max_norm=0.5).attach(trainer)
+    return model, trainer
+
+
+def with_starts(batches):
+    out = []
+    for x, y in batches:
+        starts = torch.zeros(x.shape[:2], dtype=torch.bool)
+        starts[min(4, x.shape[0] - 1), 1] = starts[2, 2] = True
+        out.append((x, y, starts))
+    return out
+
+
+def train_shard(local_rank, path, k1, k2, accumulation, clip, starts, recompute):
+    rank, size = idist.get_rank(), idist.get_world_size()
+    model, trainer = build(True, k1, k2, accumulation, clip, recompute)
+    gathers = []
+    gathered = weight_versions.gathered
+    weight_versions.gathered = lambda *args: gathers.append(1) or gathered(*args)
+    batches = with_starts(BATCHES) if starts else BATCHES
+    width = BATCHES[0][0].shape[1] // size
+    columns = slice(rank * width, (rank + 1) * width)
+    trainer.run([tuple(t[:, columns] for t in batch) for batch in batches], max_epochs=2)
+    params = [p.full_tensor().detach() for p in model.parameters()]  # a collective: every process takes part
+    if rank == 0:
+        torch.save({"params": params, "gathers": len(gathers)}, path)
+
+
+@pytest.mark.parametrize(
+    "processes, k1, k2, accumulation, clip, starts, recompute",
+    [
+        (2, 3, 3, 2, False, False, None),
+        (2, 3, 7, 2, True, True, None),
+        (2, 1, 4, 1, False, False, None),
+        (2, 3, 7, 1, False, False, 2),
+        (4, 3, 7, 1, False, True, None),
+    ],
+    ids=["k1=k2, accumulation", "k2>k1, clipping, starts", "k1=1, k2=4", "recompute", "4 processes, k2>k1"],
+)
+def test_sharded_training_equals_one_process(
+    tmp_path, free_port, processes, k1, k2, accumulation, clip, starts, recompute
+):
+    path = tmp_path / "rank0.pt"
+    options = (k1, k2, accumulation, clip, starts, recompute)
+    with idist.Parallel(backend="gloo", nproc_per_node=processes, master_addr="127.0.0.1", master_port=free_port) as p:
+        p.run(in_process, train_shard, path, *options)
+    result = torch.load(path)
+    single, trainer = build(False, k1, k2, accumulation, clip, recompute)
+    trainer.run(with_starts(BATCHES) if starts else BATCHES, max_epochs=2)
+    for p, q in zip(single.parameters(), result["params"]):
+        torch.testing.assert_close(q, p.detach(), rtol=0, atol=1e-9)
+    # Retained segments reached across optimizer steps were backpropagated with their version's gathered weights
+    # (recomputation rebuilds them from the version's weights instead).
+    assert (result["gathers"] > 0) == (k2 > k1 and recompute is None)
+
+
+def train_mixed(local_rank, path, autocast):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    rank, size = idist.get_rank(), idist.get_world_size()
+    torch.manual_seed(0)
+    model = Net()
+    shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    trainer = mixed_trainer(model, torch.bfloat16 if autocast else None)
+    width = BATCHES[0][0].shape[1] // size
+    columns = slice(rank * width, (rank + 1) * width)
+    trainer.run([(x[:, columns].float(), y[:, columns]) for x, y in BATCHES], max_epochs=2)
+    params = [p.full_tensor().detach() for p in model.parameters()]
+    if rank == 0:
+        torch.save(params, path)
+
+
+def mixed_trainer(model, autocast_dtype=None):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.5)
+    loss = lambda y_pred, y: cross_entropy(y_pred.float(), y)  # noqa: E731
+    return create_tbptt_trainer(model, optimizer, loss, 3, 7, carry_hidden=True, autocast_dtype=autocast_dtype)
+
+
+def test_bfloat16_parameters_through_fsdp2s_mixed_precision_policy(tmp_path, free_port):
+    # bfloat16 parameters in the forward and backward passes, float32 reduction and optimizer: within bfloat16's
+    # rounding (8 bits of mantissa, 4e-3 relative) of float32 training, retained segments across steps included.
+    for autocast in (False, True):
+        with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
+            p.run(in_process, train_mixed, tmp_path / f"autocast-{autocast}.pt", autocast)
+    torch.manual_seed(0)
+    single = Net()
+    mixed_trainer(single).run([(x.float(), y) for x, y in BATCHES], max_epochs=2)
+    mixed, autocast = torch.load(tmp_path / "autocast-False.pt"), torch.load(tmp_path / "autocast-True.pt")
+    for p, q, r in zip(single.parameters(), mixed, autocast):
+        assert p.dtype == q.dtype == torch.float32
+        torch.testing.assert_close(q, p.detach(), rtol=0, atol=5e-3)
+        # The trainer's bfloat16 autocast on top of the policy changes nothing: the weights are bfloat16 already.
+        assert torch.equal(q, r)
+
+
+RESUMED = make_batches([7, 12, 5, 9], batch=4)
+
+
+def resumable(folder):
+    torch.manual_seed(0)
+    model = Net().double()
+    shard(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05)
+    trainer = create_tbptt_trainer(
+        model, optimizer, cross_entropy, 3, 7, carry_hidden=True, gradient_accumulation_steps=2, deterministic=True
+    )
+    to_save = {"trainer": trainer, "model": FullStateDict(model), "optimizer": FullStateDict(model, optimizer)}
+    return model, trainer, to_save, Checkpoint(to_save, DiskSaver(folder, require_empty=False), n_saved=None)
+
+
+def train_resumed(local_rank, folder, mode):
+    rank, size = idist.get_rank(), idist.get_world_size()
+    model, trainer, to_save, checkpoint = resumable(folder)
+    width = RESUMED[0][0].shape[1] // size
+    shard = [(x[:, rank * width : (rank + 1) * width], y[:, rank * width : (rank + 1) * width]) for x, y in RESUMED]
+    if mode == "interrupted":  # mid-epoch, a window's gradient accumulated and segments retained
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=6), checkpoint)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED(once=6), lambda engine: engine.terminate())
+    elif mode == "resumed":
+        Checkpoint.load_objects(to_save, load_checkpoint(folder / "checkpoint_6.pt"))
+    trainer.run(shard, max_epochs=3)
+    params = [p.full_tensor().detach() for p in model.parameters()]
+    if rank == 0 and mode != "interrupted":
+        torch.save(params, folder / f"{mode}.pt")
+
+
+def test_a_sharded_run_resumes_mid_epoch_from_its_checkpoint_as_if_uninterrupted(tmp_path, free_port):
+    for mode in ("whole", "interrupted", "resumed"):
+        with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
+            p.run(in_process, train_resumed, tmp_path, mode)
+    whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
+    for p, q in zip(whole, resumed):
+        assert torch.equal(p, q)
+    # The checkpoint holds the full parameters (rank 0 wrote them), not rank 0's shards.
+    saved = load_checkpoint(tmp_path / "checkpoint_6.pt")["model"]
+    assert saved["rnn.weight_hh_l0"].shape == (4 * 5, 5)
+
+
+def refuse_graphs(local_rank, path):
+    from unittest import mock
+
+    from ignite_tbptt.engine import trainer as trainer_module
+
+    torch.manual_seed(0)
+    model = Net().double()
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
+        trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 3, cuda_graphs=True)
+    try:
+        trainer.run(BATCHES[:1])
+    except ValueError as error:
+        if idist.get_rank() == 0:
+            path.write_text(str(error))
+
+
+def test_cuda_graphs_with_a_sharded_model_are_refused_when_the_run_starts(tmp_path, free_port):
+    path = tmp_path / "error.txt"
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
+        p.run(in_process, refuse_graphs, path)
+    assert "cuda_graphs=True with a model sharded by FSDP2" in path.read_text()
