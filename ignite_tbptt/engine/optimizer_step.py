@@ -49,9 +49,6 @@ class OptimizerStep:
         self.skips_on_device = scaler is None and skips_on_device(optimizer)
         self._found_inf: list[tuple[torch.Tensor, tuple]] = []  # device decisions not yet read, with their step
         self._due: torch.Tensor | None = None  # the decision of the prepared step, handed to the optimizer
-        #: Zero the gradients in place instead of setting them to ``None``: window programs (CUDA graphs) add into
-        #: the same gradient tensors every window.
-        self.keeps_grads = False
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters the optimizer updates, in its order."""
@@ -71,10 +68,7 @@ class OptimizerStep:
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients."""
         if self.accumulated == 0:
-            if self.keeps_grads:
-                self.optimizer.zero_grad(set_to_none=False)
-            else:
-                self.optimizer.zero_grad()
+            self.optimizer.zero_grad()
 
     def accumulate(self, targets: int, backward_mean: bool) -> None:
         """A segment's gradient of ``targets`` targets was added, as their mean or as their sum."""

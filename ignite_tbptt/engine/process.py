@@ -191,6 +191,13 @@ class TBPTTStep:
         self.optimizer_step.failure()  # nor are its device decisions
         self.optimizer_step.distributed = distributed.is_distributed()
         loop.sharded = self.optimizer_step.distributed and any(is_sharded(p) for p in self.parameters())
+        if loop.sharded and not loop.source.standalone:
+            raise ValueError(
+                f"{type(loop.source).__name__} with a model sharded by FSDP2: each process would choose its own "
+                "windows from its own measurements, and their backward passes (each with FSDP2's collectives) would "
+                "differ. "
+                "Use fixed windows (k1, k2), or windows of the same seed on every process (RandomWindows, ARTBP)."
+            )
         if loop.sharded and loop.executor.graphs is not None:
             raise ValueError(
                 "cuda_graphs=True with a model sharded by FSDP2: its gathers and reduce-scatters run in every model "

@@ -44,7 +44,11 @@ class FullStateDict:
         self.model, self.optimizer = model, optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        """The full state dict, gathered to the CPU on every process (call it on all of them)."""
+        """The full state dict, gathered to rank 0's CPU (call it on every process; the others get an empty dict).
+
+        Take it after the first optimizer step: before it, ``get_optimizer_state_dict`` creates the optimizer's state
+        with a step at learning rate 0, which Adam counts in its bias correction.
+        """
         from torch.distributed.checkpoint.state_dict import (
             StateDictOptions,
             get_model_state_dict,

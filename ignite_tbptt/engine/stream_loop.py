@@ -126,7 +126,6 @@ class StreamLoop:
         self.executor = SegmentExecutor(
             model_call, loss_fn, self.stream, optimizer_step.scaler, target_count_fn, graphs
         )
-        optimizer_step.keeps_grads = graphs is not None
         self.listener: LoopListener | None = None
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.attributes_checked = False  # the model's attributes were checked for graphs after a first window

@@ -337,7 +337,7 @@ def create_tbptt_trainer(
             between windows, as without graphs. A stream's first window, the run's second, and a window split by
             a sequence start inside it run eagerly. Needs the model on CUDA and k1 = k2; the model, ``model_fn``
             and ``loss_fn`` must not read values back to the host, and Python code in them runs only at capture.
-            Gradients are then zeroed in place (``zero_grad(set_to_none=False)``). Default False.
+            A window's gradients are added into ``.grad`` as an eager backward pass adds them. Default False.
         deterministic: use ignite's ``DeterministicEngine``.
 
     Returns:

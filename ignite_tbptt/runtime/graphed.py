@@ -7,10 +7,10 @@ one model call, whose loss is backpropagated at once and of which nothing is ret
 (:attr:`~ignite_tbptt.planning.SegmentPlan.whole_window` with ``backward_now``), with the hidden-state reset of
 columns that start a sequence at its first step as a mask. Each shape of such a window is a
 :class:`WindowProgram`: its input, targets, hidden state and reset mask are copied into static buffers, the
-model, the loss and the backward pass run on them, and the window's gradient is added into each parameter's
-``.grad``, which stays the same tensor from window to window. Everything else (the first window of a stream,
-windows split by a sequence start, the short last window of a new shape past the bound) runs eagerly, and the
-optimizer step runs eagerly between windows, so handlers, clipping, the inf/NaN check and learning-rate
+model, the loss and the backward pass run on them, and the window's gradients (the graph's outputs) are added into
+the parameters' ``.grad`` after each replay as autograd's backward pass would add them. Everything else (the
+first window of a stream, windows split by a sequence start, windows of a new shape past the bound) runs eagerly,
+and the optimizer step runs eagerly between windows, so handlers, clipping, the inf/NaN check and learning-rate
 schedules work as without graphs.
 
 Without capture (``capture=False``, the CPU), a program runs the same operations on the same buffers every
@@ -65,7 +65,7 @@ class WindowProgram:
         self.targets = y.numel()
         self.runs = 0  # eager runs so far (warm-up, under capture)
         self.graph: Any = None
-        self.outputs: tuple[Any, list[torch.Tensor], Any] | None = None  # the captured run's static outputs
+        self.outputs: tuple | None = None  # the captured run's static outputs, the window's gradients included
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, hidden: Any, starts: torch.Tensor | None
@@ -84,14 +84,19 @@ class WindowProgram:
                 self.starts.copy_(starts)
         graphs = self.graphs
         if not graphs.capture:
-            return self._body()
+            mean, hidden_out, y_pred, window_grads = self._body()
+            graphs.accumulate(window_grads, fresh=True)
+            return mean, hidden_out, y_pred
         if self.graph is None:
             if self.runs < graphs.warmup:
                 self.runs += 1
-                return graphs.on_side_stream(self._body)
+                mean, hidden_out, y_pred, window_grads = graphs.on_side_stream(self._body)
+                graphs.accumulate(window_grads, fresh=True)
+                return mean, hidden_out, y_pred
             self.graph, self.outputs = graphs.captured(self._body)
         self.graph.replay()
-        mean, hidden_out, y_pred = self.outputs
+        mean, hidden_out, y_pred, window_grads = self.outputs
+        graphs.accumulate(window_grads, fresh=False)
         # Fresh tensors: the next replay overwrites the static ones, and a handler may keep a window's values.
         return mean.clone(), [t.clone() for t in hidden_out], pytree.tree_map_only(torch.Tensor, torch.clone, y_pred)
 
@@ -105,13 +110,8 @@ class WindowProgram:
             mean = graphs.loss_fn(y_pred, self.y)
         loss = mean if self.backward_mean else mean * self.targets
         root = graphs.scaler.scale(loss) if graphs.scaler is not None else loss
-        params = graphs.trained
-        window_grads = torch.autograd.grad(root, params, allow_unused=True)
-        pairs = [(p.grad, g) for p, g in zip(params, window_grads) if g is not None]
-        if pairs:
-            # Into the gradients the optimizer reads, in place: the tensors a graph writes stay the parameters' own.
-            torch._foreach_add_([a for a, _ in pairs], [g for _, g in pairs])
-        return mean.detach(), [t.detach() for t in hs.flatten(hidden_out)], hs.detached(y_pred)
+        window_grads = torch.autograd.grad(root, graphs.trained, allow_unused=True)
+        return mean.detach(), [t.detach() for t in hs.flatten(hidden_out)], hs.detached(y_pred), window_grads
 
 
 class WindowGraphs:
@@ -141,16 +141,15 @@ class WindowGraphs:
         self.model_call, self.loss_fn, self.scaler = model_call, loss_fn, scaler
         self.parameters, self.capture, self.limit, self.warmup = parameters, capture, limit, warmup
         self.programs: dict[tuple, WindowProgram] = {}
-        self.trained: list[torch.Tensor] = []  # the parameters that require grad
-        self._grads: list[torch.Tensor] = []  # their gradient buffers, the tensors the programs add into
-        self._pointers: list[int] = []  # their storage when the programs were built
+        self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
+        self._pointers: list[int] = []  # their storage then
         self._pool: Any = None
         self._side: Any = None
 
     def clear(self) -> None:
         """Forget every program: the next windows run eagerly and are captured afresh."""
         self.programs.clear()
-        self.trained, self._grads, self._pointers = [], [], []
+        self.trained, self._pointers = [], []
 
     def run(
         self, plan: Any, x: torch.Tensor, y: torch.Tensor, hidden: Any, starts: torch.Tensor | None
@@ -160,39 +159,48 @@ class WindowGraphs:
         Returns:
             Its mean loss, its returned hidden state and its predictions, all detached.
         """
+        self._check_parameters()
         key = (x.shape, x.dtype, y.shape, y.dtype, starts is not None, plan.backward_mean)
         program = self.programs.get(key)
         if program is None:
-            if len(self.programs) >= self.limit or not self._check_parameters():
+            if len(self.programs) >= self.limit:
                 return None
             program = self.programs[key] = WindowProgram(self, x, y, hidden, starts is not None, plan.backward_mean)
-        elif not self._check_parameters():
-            return None
         mean, hidden_out, y_pred = program(x, y, hidden, starts)
         return mean, hs.unflatten(hidden, hidden_out), y_pred
 
-    def _check_parameters(self) -> bool:
-        # The programs add into the same gradient tensors and read the same parameter storage every window: a
-        # zero_grad(set_to_none=True) or an eager window's backward between them gives a parameter another .grad,
-        # whose values are moved back; parameters given new storage (model.to(), p.data = ...) mean new programs.
-        if not self.trained:
-            self.trained = [p for p in self.parameters() if p.requires_grad]
-            self._grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.trained]
-            for p, g in zip(self.trained, self._grads):
-                p.grad = g
-            self._pointers = [p.data_ptr() for p in self.trained]
-            return True
-        for p, grad, pointer in zip(self.trained, self._grads, self._pointers):
-            if p.data_ptr() != pointer:
-                self.clear()
-                return self._check_parameters()
-            if p.grad is not grad:
-                if p.grad is None:
-                    grad.zero_()
-                else:
-                    grad.copy_(p.grad)
-                p.grad = grad
-        return True
+    def _check_parameters(self) -> None:
+        # A program reads the parameters' storage and differentiates the parameters that required grad when it was
+        # built: another set (a layer frozen or unfrozen, a parameter group added) or new storage (model.to(),
+        # p.data = ...) means new programs.
+        trained = [p for p in self.parameters() if p.requires_grad]
+        pointers = [p.data_ptr() for p in trained]
+        if (
+            len(trained) != len(self.trained)
+            or pointers != self._pointers
+            or any(a is not b for a, b in zip(trained, self.trained))
+        ):
+            self.clear()
+            self.trained, self._pointers = trained, pointers
+
+    def accumulate(self, window_grads: tuple, fresh: bool) -> None:
+        """Add a window's gradients into the parameters' ``.grad`` as autograd's backward would.
+
+        A parameter without a gradient from the window keeps its ``.grad`` (``None`` if it had none, so that the
+        optimizer skips it, as after an eager window); one whose ``.grad`` is ``None`` takes the window's (a copy of
+        a graph's static tensor, which the next replay overwrites); the others add it, in one kernel.
+        """
+        added, into = [], []
+        for p, g in zip(self.trained, window_grads):
+            if g is None:
+                continue
+            if p.grad is None:
+                p.grad = g if fresh else g.clone()
+            else:
+                into.append(p.grad)
+                added.append(g)
+        if into:
+            torch._foreach_add_(into, added)
 
     # -- capture (CUDA) ----------------------------------------------------------------------------------------
     def on_side_stream(self, body: Callable[[], Any]) -> Any:

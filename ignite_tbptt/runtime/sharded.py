@@ -59,8 +59,11 @@ def sum_gradients(model: torch.nn.Module, backend: str | None = None) -> None:
             module.set_force_sum_reduction_for_comms(True)
 
 
-def unsharded_storages(model: torch.nn.Module) -> dict[int, Any]:
+def unsharded_storages(model: torch.nn.Module, trained: set[int]) -> dict[int, Any]:
     """The FSDP2 parameters of ``model`` by the storage object of their unsharded tensor, once FSDP2 made it.
+
+    Only those whose sharded parameter's ``id`` is in ``trained`` (the optimizer's): the others never change, and
+    their versions keep no shard.
 
     The storage object (``UntypedStorage._cdata``) stays the same while FSDP2 frees and refills its memory, so a
     tensor a graph saved during the forward pass is recognised by it whether or not the memory is there now.
@@ -70,7 +73,7 @@ def unsharded_storages(model: torch.nn.Module) -> dict[int, Any]:
         group = module._get_fsdp_state()._fsdp_param_group
         for fsdp_param in group.fsdp_params if group is not None else ():
             unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is not None:
+            if unsharded is not None and id(fsdp_param.sharded_param) in trained:
                 found[unsharded.untyped_storage()._cdata] = fsdp_param
     return found
 

@@ -56,6 +56,14 @@ _MODIFIED_ACTIVATION = (
 )
 
 
+_UNGATHERED = (
+    "a parameter sharded by FSDP2 was used by a module whose forward pass FSDP2 did not run, so it was never gathered: "
+    "a model_fn that calls the model's parts (model.embedding(x), its blocks, model.lm_head(h)) bypasses the root "
+    "module's forward. Apply fully_shard to every part model_fn calls that holds parameters (the embedding, each "
+    "block, the final norm, the head), or call the model itself."
+)
+
+
 def _key(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
@@ -154,7 +162,7 @@ class ParameterVersions:
         self._parameters, self._model = parameters, model
         self._storages: set[int] = set()
         self._unsharded: dict[int, Any] | None = None  # FSDP2 parameters by unsharded storage object, if any
-        self._sharded_count = 0  # how many parameters FSDP2 sharded
+        self._trained_shards: set[int] = set()  # the ids of the optimizer's parameters that FSDP2 sharded
         self.current = WeightVersion()
 
     def hooks(self) -> AbstractContextManager:
@@ -163,8 +171,8 @@ class ParameterVersions:
         sharded = self._model is not None and any(is_sharded(p) for p in params)
         self._storages = {_key(p) for p in params if not sharded or not is_sharded(p)}
         # FSDP2 makes the unsharded tensors at its first gather, inside the first forward pass: looked up again then.
-        self._unsharded = unsharded_storages(self._model) if sharded else None
-        self._sharded_count = sum(is_sharded(p) for p in params) if sharded else 0
+        self._trained_shards = {id(p) for p in params if is_sharded(p)} if sharded else set()
+        self._unsharded = unsharded_storages(self._model, self._trained_shards) if sharded else None
         never_traced(ParameterVersions._pack, _unpack, _SavedParameter.__init__, _SavedParameter.unpack, _key, _view)
         return saved_tensors_hooks(self._pack, _unpack)
 
@@ -195,13 +203,15 @@ class ParameterVersions:
     def _pack(self, tensor: torch.Tensor) -> _SavedParameter | tuple[torch.Tensor, int]:
         # detach(): the record must not hold the tensor's grad_fn, or an output saved by its own node forms a
         # reference cycle through C++ that Python's collector cannot break. The alias shares the version counter.
+        if self._unsharded is not None and is_sharded(tensor):
+            raise RuntimeError(_UNGATHERED)
         alias = tensor.detach()
         if _key(tensor) in self._storages:
             return _SavedParameter(self.current, alias)
         if self._unsharded is not None:
             storage = tensor.untyped_storage()._cdata
-            if storage not in self._unsharded and len(self._unsharded) < self._sharded_count:
-                self._unsharded = unsharded_storages(self._model)
+            if storage not in self._unsharded and len(self._unsharded) < len(self._trained_shards):
+                self._unsharded = unsharded_storages(self._model, self._trained_shards)
             if storage in self._unsharded:
                 return _SavedShard(self.current, alias, self._unsharded[storage].sharded_param)
         return alias, alias._version  # a plain tuple: activations are most of what is saved

@@ -8,6 +8,7 @@ from unittest import mock
 
 import pytest
 import torch
+from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import AdaptiveTruncation, GradientClipping, TBPTTEvents, create_tbptt_trainer
@@ -199,3 +200,75 @@ def test_what_graphs_do_not_take_is_refused_at_construction():
         trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs=True)
         with pytest.raises(ValueError, match=r"captures windows of TBPTT\(k1, k2\) with k1 = k2"):
             AdaptiveTruncation(0.1, 6, 20).attach(trainer)
+
+
+class Initial(nn.Module):
+    """A learned initial state: its parameter gets a gradient only from windows that reset a column."""
+
+    def __init__(self, hidden=8):
+        super().__init__()
+        self.h0 = nn.Parameter(torch.full((1, 1, hidden), 0.1))
+
+    def forward(self, columns):
+        return self.h0.expand(1, columns, -1)
+
+
+class WithUnused(CharModel):
+    def __init__(self):
+        super().__init__()
+        self.unused = nn.Linear(3, 3)  # in the optimizer, never called: no gradient, so no step
+
+
+def train_with(cuda_graphs, data, make_model, make_optimizer, handlers=(), **options):
+    torch.manual_seed(0)
+    model = make_model().double()
+    initial = Initial().double() if options.get("initial_state") else None
+    if initial is not None:
+        options["initial_state"] = initial
+    params = list(model.parameters()) + (list(initial.parameters()) if initial is not None else [])
+    with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
+        trainer = create_tbptt_trainer(model, make_optimizer(params), loss_fn, k1=5, cuda_graphs=cuda_graphs, **options)
+    for attach in handlers:
+        attach(trainer, model)
+    trainer.run(data, max_epochs=2)
+    return params
+
+
+def with_window_starts(data):
+    out = []
+    for x, y in data:
+        starts = torch.zeros(x.shape, dtype=torch.bool)
+        starts[10, 1] = starts[20, 3] = True  # at windows' first steps: inside programs
+        out.append((x, y, starts))
+    return out
+
+
+@pytest.mark.parametrize("case", ["learned initial state, Adam", "unused parameter, AdamW", "layer frozen mid-run"])
+def test_parameters_without_a_gradient_and_changed_sets_of_trained_parameters(device, case):
+    data = batches()
+
+    def adam(params):
+        return torch.optim.Adam(params, lr=0.01)
+
+    def adamw(params):
+        return torch.optim.AdamW(params, lr=0.01, weight_decay=0.1)
+
+    def freeze(trainer, model):
+        @trainer.on(Events.ITERATION_COMPLETED(once=3))
+        def _(engine):
+            model.embedding.weight.requires_grad_(False)
+            model.embedding.weight.grad = None
+
+    setups = {
+        "learned initial state, Adam": (CharModel, adam, (), {"initial_state": True}, with_window_starts(data)),
+        "unused parameter, AdamW": (WithUnused, adamw, (), {}, data),
+        "layer frozen mid-run": (CharModel, adam, (freeze,), {}, data),
+    }
+    make_model, make_optimizer, handlers, options, run_data = setups[case]
+    eager = train_with(False, run_data, make_model, make_optimizer, handlers, carry_hidden=True, **options)
+    graphed_params = train_with(True, run_data, make_model, make_optimizer, handlers, carry_hidden=True, **options)
+    for p, q in zip(eager, graphed_params):
+        if device.type == "cpu":
+            assert torch.equal(p, q)
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
