@@ -17,6 +17,7 @@ import argparse
 import gc
 import json
 import resource
+import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -45,6 +46,16 @@ def loss_fn(y_pred, y):
     return nn.functional.cross_entropy(y_pred.flatten(0, 1), y.flatten())
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _local(p: torch.Tensor) -> torch.Tensor:
+    return p.to_local() if hasattr(p, "to_local") else p
+
+
 def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kilobytes on Linux
 
@@ -55,9 +66,10 @@ def run(local_rank: int, args: argparse.Namespace, ratio: int, out: Path) -> Non
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = CharLSTM(args.hidden)
-    for layer in (model.embedding, model.lstm, model.readout):
-        fully_shard(layer)
-    fully_shard(model)
+    if not args.unsharded:
+        for layer in (model.embedding, model.lstm, model.readout):
+            fully_shard(layer)
+        fully_shard(model)
     g = torch.Generator().manual_seed(idist.get_rank())
     tokens = torch.randint(0, 256, (100 * args.batches + 1, args.batch), generator=g)
     batches = [(tokens[i : i + 100], tokens[i + 1 : i + 101]) for i in range(0, 100 * args.batches, 100)]
@@ -70,7 +82,7 @@ def run(local_rank: int, args: argparse.Namespace, ratio: int, out: Path) -> Non
             json.dumps(
                 {
                     "full_mb": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20,
-                    "shard_mb": sum(p.to_local().numel() * p.element_size() for p in model.parameters()) / 2**20,
+                    "shard_mb": sum(_local(p).numel() * p.element_size() for p in model.parameters()) / 2**20,
                     "growth_mb": peak_mb() - before,
                     "peak_mb": peak_mb(),
                 }
@@ -86,6 +98,7 @@ def main(argv=None) -> None:
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--batch", type=int, default=4, help="columns per process")
     p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--unsharded", action="store_true", help="the same processes without FSDP2, for comparison")
     p.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8], help="the k2 / k1 to measure, k1 = 10")
     args = p.parse_args(argv)
     results = {}
@@ -93,14 +106,14 @@ def main(argv=None) -> None:
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "result.json"
             with idist.Parallel(
-                backend="gloo", nproc_per_node=args.nproc, master_addr="127.0.0.1", master_port=29561
+                backend="gloo", nproc_per_node=args.nproc, master_addr="127.0.0.1", master_port=_free_port()
             ) as par:
                 par.run(run, args, ratio, out)
             results[ratio] = json.loads(out.read_text())
     first = results[args.ratios[0]]
     print(
-        f"LSTM of {args.hidden} units on {args.nproc} gloo processes: unsharded weights {first['full_mb']:.1f} MB, "
-        f"one process's shard {first['shard_mb']:.1f} MB; k1 = {K1}",
+        f"LSTM of {args.hidden} units on {args.nproc} gloo processes{' (not sharded)' if args.unsharded else ''}: "
+        f"weights {first['full_mb']:.1f} MB, one process's part {first['shard_mb']:.1f} MB; k1 = {K1}",
         file=sys.stderr,
     )
     print(

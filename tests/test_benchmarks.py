@@ -134,3 +134,15 @@ def test_the_device_check_runs_every_step_on_the_cpu_at_tiny_sizes(tmp_path):
     assert "| lstm |" in (tmp_path / "table-float32.md").read_text()
     assert "| ours, cuda_graphs |" in (tmp_path / "graphs.md").read_text()
     assert "bits" in (tmp_path / "main-job.log").read_text()
+
+
+def test_the_sharded_memory_benchmark_runs_at_tiny_sizes():
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.sharded_memory", "--hidden", "16", "--batches", "1", "--ratios", "1", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| 2 |" in done.stdout and "weights" in done.stderr
