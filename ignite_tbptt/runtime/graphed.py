@@ -84,23 +84,23 @@ class WindowProgram:
                 self.starts.copy_(starts)
         graphs = self.graphs
         if not graphs.capture:
-            mean, hidden_out, y_pred, window_grads = self._body()
-            graphs.accumulate(window_grads, fresh=True)
+            outputs, fresh = self._body(), True
+        elif self.graph is None and self.runs < graphs.warmup:
+            self.runs += 1
+            outputs, fresh = graphs.on_side_stream(self._body), True
+        else:
+            if self.graph is None:
+                self.graph, self.outputs = graphs.captured(self._body)
+            self.graph.replay()
+            outputs, fresh = self.outputs, False
+        mean, hidden_out, y_pred, window_grads = outputs
+        graphs.accumulate(window_grads, fresh)
+        if fresh:
             return mean, hidden_out, y_pred
-        if self.graph is None:
-            if self.runs < graphs.warmup:
-                self.runs += 1
-                mean, hidden_out, y_pred, window_grads = graphs.on_side_stream(self._body)
-                graphs.accumulate(window_grads, fresh=True)
-                return mean, hidden_out, y_pred
-            self.graph, self.outputs = graphs.captured(self._body)
-        self.graph.replay()
-        mean, hidden_out, y_pred, window_grads = self.outputs
-        graphs.accumulate(window_grads, fresh=False)
         # Fresh tensors: the next replay overwrites the static ones, and a handler may keep a window's values.
         return mean.clone(), [t.clone() for t in hidden_out], pytree.tree_map_only(torch.Tensor, torch.clone, y_pred)
 
-    def _body(self) -> tuple[Any, list[torch.Tensor], Any]:
+    def _body(self) -> tuple[Any, list[torch.Tensor], Any, tuple]:
         graphs = self.graphs
         y_pred, hidden_out = graphs.model_call(self.x, self.tree, None, False, self.starts)
         if graphs.model_call.autocasts:
