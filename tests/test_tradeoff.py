@@ -94,3 +94,62 @@ def test_quick_study_trains_each_truncation_to_its_budget_and_reports_what_it_me
     again = tradeoff.main(argv)
     assert results.read_text().splitlines() == lines and page.read_text() == text
     assert sorted(json.dumps(r, sort_keys=True) for r in again) == sorted(json.dumps(r, sort_keys=True) for r in runs)
+
+
+def test_prequential_summary_weights_windows_by_targets_and_takes_the_last_quarter_of_them():
+    from benchmarks.tradeoff.online import summary
+
+    values, targets = [4.0, 2.0, 1.0, 3.0], [10, 30, 20, 20]  # 80 targets; the last quarter is the last window
+    moments = [(0.1, 1), (0.2, 2), (0.3, 3), (0.4, 4)]
+    out = summary(values, targets, moments, bins=2)
+    assert out["final_bits"] == (40 + 60 + 20 + 60) / 80
+    assert out["last_quarter"] == 3.0
+    assert out["curve"] == [
+        {"targets": 40, "loss": (40 + 60) / 40, "seconds": 0.2, "steps": 2},
+        {"targets": 80, "loss": (20 + 60) / 40, "seconds": 0.4, "steps": 4},
+    ]
+    assert math.isnan(summary([1.0, math.inf], [1, 1], moments[:2])["final_bits"])  # a diverged run ranks last
+
+
+def test_prequential_run_scores_every_target_once_with_the_weights_before_it_learns_from_it():
+    import torch
+
+    from benchmarks.tradeoff.online import online_run
+    from benchmarks.tradeoff.online_tasks import ONLINE_TASKS
+
+    # With lr = 0 nothing is learnt, so the prequential loss is the initial model's over the whole stream, computed
+    # here in one call: each target counted once, whatever the windows (k2 > k1 reaches back over scored targets).
+    frozen = online_run("power", "TBPTT(10, 20)", 0.0, 3, None, True)
+    torch.manual_seed(3)
+    stream = ONLINE_TASKS["power"].load(True)
+    model = stream.model()
+    x = torch.cat([x for x, _ in stream.batches])
+    y = torch.cat([y for _, y in stream.batches])
+    with torch.no_grad():
+        expected = stream.loss_fn(model(x)[0], y).item()
+    assert frozen["targets"] == y.numel()
+    assert frozen["final_bits"] == pytest.approx(expected, rel=1e-5)
+    # Learning lowers the loss of the targets scored after it, so that the two differ (the test can fail).
+    learnt = online_run("power", "TBPTT(10, 20)", 3e-3, 3, None, True)
+    assert learnt["targets"] == y.numel() and learnt["final_bits"] < 0.9 * expected
+
+
+@pytest.mark.slow  # trains the quick prequential study
+def test_quick_prequential_study_reads_each_stream_once_and_reports_per_observation(tmp_path):
+    results, page = tmp_path / "runs.jsonl", tmp_path / "page.md"
+    argv = ["--online", "--quick", "--seeds", "1", "--results", str(results), "--markdown", str(page)]
+    runs = tradeoff.main([*argv, "--figures", str(tmp_path)])
+    assert {r["task"] for r in runs} == {"python", "power", "shift"}
+    assert len(runs) == 3 * 2 and len(results.read_text().splitlines()) == 3 * 2 * 2
+    for r in runs:
+        assert r["budget"] is None and r["steps"] > 0 and len(r["curve"]) > 10
+        assert math.isfinite(r["final_bits"]) and math.isfinite(r["last_quarter"])
+        same_task = [q for q in runs if q["task"] == r["task"]]
+        assert {q["targets"] for q in same_task} == {r["targets"]}  # every truncation scores the same targets
+    shift = next(r for r in runs if r["task"] == "shift")
+    assert 0 < shift["change"] < shift["targets"]
+    text = page.read_text()
+    assert "TBPTT(25, 50) against TBPTT(50, 50): whole stream " in text
+    assert "TBPTT(25, 50) against TBPTT(25, 25)" not in text  # only comparisons with runs that exist
+    for task in ("python", "power", "shift"):
+        assert (tmp_path / f"online-{task}.png").stat().st_size > 10_000

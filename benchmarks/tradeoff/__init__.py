@@ -29,3 +29,18 @@ TBPTT(d, d)); `RandomWindows(c, c)` (AWD-LSTM's lengths, mean about c); `ARTBP(g
 (unbiased); `AdaptiveTruncation` with windows of b and k2 in (b, e], bias under 10%. Interpretation and advice:
 [Choosing k1 and k2](concepts.md#choosing-k1-and-k2).
 """
+
+ONLINE_INTRO = """\
+The other regime: the data arrives once, in order, and the model predicts each observation before it learns from
+it (prequential, or test-then-train, evaluation). Each run reads its stream once with `carry_hidden=True`, Adam and
+gradient clipping at norm 1, two runs at once on the two cores, one thread each. A window's targets are scored
+by its forward pass, with the weights of the last optimizer step, before its own backward pass and step: its
+mean loss at `WINDOW_COMPLETED` is their prequential loss, and each target is scored once. Quality is the mean
+prequential loss over the whole stream and over its last quarter (of targets); compute is the seconds the run
+took and its optimizer steps. Learning rates as in the budget study: per truncation, the rate of the grid
+whose seed-0 run has the lowest mean prequential loss; three fresh seeds at that rate are reported. A
+difference is called clear only when the seeds' ranges do not overlap.
+
+The truncations are the budget study's, and per-token updates, TBPTT(1, b), the online extreme: an optimizer step
+at every step of the stream, each backpropagating b steps.
+"""

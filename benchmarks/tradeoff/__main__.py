@@ -2,8 +2,11 @@
 
 See :mod:`benchmarks.tradeoff` for what it measures. The full study writes ``docs/data/tradeoff.jsonl``, the page
 ``docs/benchmarks-tradeoff.md`` and ``docs/images/tradeoff-TASK.png``; ``--quick`` (two truncations, one rate,
-runs of one second) writes under ``runs/tradeoff-quick/`` unless told otherwise. Runs already in the results
-file are not trained again (a stopped study continues; a finished one is redrawn); ``--fresh`` starts over.
+runs of one second) writes under ``runs/tradeoff-quick/`` unless told otherwise. ``--online`` runs the prequential
+study instead (:mod:`benchmarks.tradeoff.online`): ``docs/data/online.jsonl``, ``docs/benchmarks-online.md`` and
+``docs/images/online-TASK.png``, or with ``--quick`` (short streams, small models) under ``runs/online-quick/``.
+Runs already in the results file are not trained again (a stopped study continues; a finished one is redrawn);
+``--fresh`` starts over.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.tradeoff import INTRO
+from benchmarks.tradeoff import INTRO, ONLINE_INTRO, online_report
+from benchmarks.tradeoff.online_tasks import ONLINE_TASKS
 from benchmarks.tradeoff.report import page
 from benchmarks.tradeoff.study import plan, read_results, selected, study
 from benchmarks.tradeoff.tasks import TASKS
@@ -24,7 +28,10 @@ from benchmarks.tradeoff.tasks import TASKS
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line's options, with the output paths filled in."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.tradeoff", description=__doc__.split("\n\n")[0])
-    p.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    p.add_argument(
+        "--tasks", nargs="+", choices=sorted({*TASKS, *ONLINE_TASKS}), help="default: every task of the study"
+    )
+    p.add_argument("--online", action="store_true", help="the prequential study: each stream read once, in order")
     p.add_argument(
         "--seeds", type=int, default=3, help="seeds reported, at the chosen rate; seed 0 only chooses it (default 3)"
     )
@@ -38,9 +45,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.fresh and args.report_only:
         p.error("--fresh discards the runs that --report-only would draw: pass one of them.")
-    root = Path("runs/tradeoff-quick") if args.quick else Path("docs")
-    args.results = args.results or root / "data" / "tradeoff.jsonl"
-    args.markdown = args.markdown or root / "benchmarks-tradeoff.md"
+    tasks = ONLINE_TASKS if args.online else TASKS
+    args.tasks = args.tasks or list(tasks)
+    unknown = [t for t in args.tasks if t not in tasks]
+    if unknown:
+        kind = "prequential study" if args.online else "study"
+        p.error(f"{', '.join(unknown)}: not a task of the {kind} ({', '.join(tasks)}).")
+    name = "online" if args.online else "tradeoff"
+    root = Path(f"runs/{name}-quick") if args.quick else Path("docs")
+    args.results = args.results or root / "data" / f"{name}.jsonl"
+    args.markdown = args.markdown or root / f"benchmarks-{name}.md"
     args.figures = args.figures or root / "images"
     return args
 
@@ -51,15 +65,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.fresh:
         args.results.unlink(missing_ok=True)
     if args.report_only:
-        runs = selected(read_results(args.results), plan(args.tasks, args.quick), args.seeds)
+        runs = selected(read_results(args.results), plan(args.tasks, args.quick, args.online), args.seeds)
     else:
-        runs = study(args.tasks, args.seeds, args.workers, args.quick, args.results)
+        runs = study(args.tasks, args.seeds, args.workers, args.quick, args.results, args.online)
     command = " ".join(["python -m benchmarks.tradeoff", *(argv if argv is not None else sys.argv[1:])])
     setup = (
         f"{platform.machine()}, {args.workers} runs at once, one thread each, torch {torch.__version__}; "
         f"seeds 1 to {args.seeds} reported"
     )
-    page(runs, read_results(args.results), args.figures, args.markdown, command, setup, INTRO)
+    if args.online:
+        online_report.page(runs, args.figures, args.markdown, command, setup, ONLINE_INTRO)
+    else:
+        page(runs, read_results(args.results), args.figures, args.markdown, command, setup, INTRO)
     print(f"wrote {args.markdown} and {len(args.tasks)} figures in {args.figures}")
     return runs
 

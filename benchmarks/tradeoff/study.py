@@ -6,6 +6,9 @@ takes, for each truncation, the rate whose run ends with the lowest validation l
 the truncations whose results vary most. Runs go to a pool of processes, one core each, in a shuffled order
 (so that no truncation always runs beside the same other one), and each result is appended to a JSON-lines file as it
 comes: a study stopped half-way continues where it stopped, and a finished one is redrawn without training.
+
+The prequential study (``online``) runs alike, each run reading its stream once
+(:func:`~benchmarks.tradeoff.online.online_run`); its rule takes the rate of the lowest mean prequential loss.
 """
 
 from __future__ import annotations
@@ -15,9 +18,12 @@ import math
 import multiprocessing
 import os
 import random
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
+from benchmarks.tradeoff.online import online_run, online_truncations
+from benchmarks.tradeoff.online_tasks import ONLINE_TASKS
 from benchmarks.tradeoff.runner import train_run
 from benchmarks.tradeoff.tasks import TASKS
 from benchmarks.tradeoff.truncations import truncations
@@ -37,16 +43,16 @@ def read_results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plan(task_names: list[str], quick: bool) -> list[dict]:
-    """Every (task, truncation, budget) the study runs, with its learning-rate grid."""
+def plan(task_names: list[str], quick: bool, online: bool = False) -> list[dict]:
+    """Every (task, truncation, budget) the study runs, with its learning-rate grid (``online``: prequential)."""
     entries = []
     for name in task_names:
-        task = TASKS[name]
-        chosen = truncations(task.ks)
+        task = ONLINE_TASKS[name] if online else TASKS[name]
+        chosen = online_truncations(task.ks) if online else truncations(task.ks)
         if quick:  # one k1 = k2 and one k2 > k1 at the same k2, one learning rate
             chosen = [t for t in chosen if t.name in (f"TBPTT({task.ks[2]}, {task.ks[2]})", chosen[6].name)]
         lrs = task.lrs[1:2] if quick else task.lrs
-        budget = QUICK_BUDGET if quick else task.budget
+        budget = None if online else QUICK_BUDGET if quick else task.budget
         entries += [{"task": name, "truncation": t.name, "budget": budget, "lrs": lrs} for t in chosen]
     return entries
 
@@ -68,7 +74,9 @@ def chosen_lr(results: list[dict], entry: dict) -> float | None:
     return min(entry["lrs"], key=lambda lr: finals[lr] if math.isfinite(finals[lr]) else math.inf)
 
 
-def run_all(runs: list[dict], path: Path, workers: int, quick: bool, done: list[dict]) -> list[dict]:
+def run_all(
+    runs: list[dict], path: Path, workers: int, quick: bool, done: list[dict], online: bool = False
+) -> list[dict]:
     """Train ``runs`` not yet in ``done``, appending each result to ``path``; all results."""
     have = {key(r) for r in done}
     todo = [r for r in runs if key(r) not in have]
@@ -80,7 +88,7 @@ def run_all(runs: list[dict], path: Path, workers: int, quick: bool, done: list[
     previous = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     try:
-        return _run_in_pool(todo, path, workers, quick, results)
+        return _run_in_pool(todo, path, workers, quick, results, online_run if online else train_run)
     finally:
         if previous is None:
             del os.environ["MALLOC_MMAP_THRESHOLD_"]
@@ -88,11 +96,13 @@ def run_all(runs: list[dict], path: Path, workers: int, quick: bool, done: list[
             os.environ["MALLOC_MMAP_THRESHOLD_"] = previous
 
 
-def _run_in_pool(todo: list[dict], path: Path, workers: int, quick: bool, results: list[dict]) -> list[dict]:
+def _run_in_pool(
+    todo: list[dict], path: Path, workers: int, quick: bool, results: list[dict], run: Callable[..., dict]
+) -> list[dict]:
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
         futures = {
-            pool.submit(train_run, r["task"], r["truncation"], r["lr"], r["seed"], r["budget"], quick): r for r in todo
+            pool.submit(run, r["task"], r["truncation"], r["lr"], r["seed"], r["budget"], quick): r for r in todo
         }
         for n, future in enumerate(as_completed(futures), 1):
             result = future.result()
@@ -109,14 +119,14 @@ def _run_in_pool(todo: list[dict], path: Path, workers: int, quick: bool, result
     return results
 
 
-def study(task_names: list[str], seeds: int, workers: int, quick: bool, path: Path) -> list[dict]:
+def study(task_names: list[str], seeds: int, workers: int, quick: bool, path: Path, online: bool = False) -> list[dict]:
     """Run both phases (skipping runs already in ``path``); the runs reported (:func:`selected`)."""
-    entries = plan(task_names, quick)
+    entries = plan(task_names, quick, online)
     results = read_results(path)
     grid = [{**e, "lr": lr, "seed": 0} for e in entries for lr in e["lrs"]]
-    results = run_all(grid, path, workers, quick, results)
+    results = run_all(grid, path, workers, quick, results, online)
     more = [{**e, "lr": chosen_lr(results, e), "seed": s} for e in entries for s in range(1, seeds + 1)]
-    results = run_all(more, path, workers, quick, results)
+    results = run_all(more, path, workers, quick, results, online)
     return selected(results, entries, seeds)
 
 

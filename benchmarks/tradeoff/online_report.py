@@ -1,0 +1,160 @@
+"""The prequential study's page and figures, made from its results alone.
+
+As in the budget study (:mod:`benchmarks.tradeoff.report`), a difference is called clear only when the seeds'
+ranges do not overlap.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from benchmarks.report import markdown_table
+from benchmarks.tradeoff.online import online_truncations
+from benchmarks.tradeoff.online_tasks import ONLINE_TASKS
+from benchmarks.tradeoff.report import _link, colour, compare, head, save
+
+STYLE = {"k1 = k2": "-", "k2 > k1": "--", "random": ":", "unbiased": "-.", "adaptive": ":", "per-token": "-"}
+SINGLE = {"random": "tab:green", "unbiased": "tab:purple", "adaptive": "tab:brown", "per-token": "tab:red"}
+
+
+def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per task and truncation: the chosen rate, whole-stream and last-quarter losses over seeds, and the costs."""
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in runs:
+        groups[r["task"], r["truncation"]].append(r)
+    out: dict[str, dict[str, dict]] = defaultdict(dict)
+    for (task, truncation), rs in groups.items():
+        whole, last = [r["final_bits"] for r in rs], [r["last_quarter"] for r in rs]
+        out[task][truncation] = {
+            "family": rs[0]["family"],
+            "lr": rs[0]["lr"],
+            "mean": statistics.fmean(whole),
+            "low": min(whole),
+            "high": max(whole),
+            "last": {"mean": statistics.fmean(last), "low": min(last), "high": max(last)},
+            "seconds": statistics.fmean(r["seconds"] for r in rs),
+            "steps": statistics.fmean(r["steps"] for r in rs),
+            "reference": rs[0]["reference"],
+            "reference_name": rs[0]["reference_name"],
+            "change": rs[0].get("change"),
+            "curves": [r["curve"] for r in rs],
+        }
+    return out
+
+
+def ordered(task: str, rows: dict[str, dict]) -> list[str]:
+    """The task's truncations in the study's order, those with results only."""
+    return [t.name for t in online_truncations(ONLINE_TASKS[task].ks) if t.name in rows]
+
+
+def table(task: str, rows: dict[str, dict]) -> str:
+    """One task's table: a row per truncation."""
+    unit = ONLINE_TASKS[task].unit
+    best = min(s["mean"] for s in rows.values())
+    body = []
+    for name in ordered(task, rows):
+        s, last = rows[name], rows[name]["last"]
+        body.append(
+            [
+                name + (" **(best)**" if s["mean"] == best else ""),
+                f"{s['lr']:g}",
+                f"{s['mean']:.4f} ({s['low']:.4f}-{s['high']:.4f})",
+                f"{last['mean']:.4f} ({last['low']:.4f}-{last['high']:.4f})",
+                f"{s['steps']:,.0f}",
+                f"{s['seconds']:.1f}",
+            ]
+        )
+    header = ["truncation", "Adam lr", f"prequential {unit}, whole stream (range over seeds)", "last quarter",
+              "optimizer steps", "seconds (one core)"]  # fmt: skip
+    return markdown_table(header, body)
+
+
+def findings(task: str, rows: dict[str, dict]) -> list[str]:
+    """What the task's measurements say, each a sentence computed from the table."""
+    ks = ONLINE_TASKS[task].ks
+    fixed = {k: rows.get(f"TBPTT({k}, {k})") for k in ks}
+    best = min(rows, key=lambda n: rows[n]["mean"])
+    lines = [f"Best over the whole stream: {best}, {rows[best]['mean']:.4f} {ONLINE_TASKS[task].unit}."]
+    for name in ordered(task, rows):
+        s = rows[name]
+        if s["family"] in ("k2 > k1", "per-token"):
+            # Against k1 = k2 at the same reach, and at the same update interval (where there is one): per
+            # observation, the first asks what updating more often gives, the second what the longer reach does.
+            k1, k2 = (int(k) for k in name[len("TBPTT(") : -1].split(", "))
+            for k in dict.fromkeys((k2, k1)):
+                reference = fixed.get(k)
+                if reference:
+                    cost = s["seconds"] / reference["seconds"]
+                    lines.append(
+                        f"{name} against TBPTT({k}, {k}): whole stream {compare(s, reference)}, last quarter "
+                        f"{compare(s['last'], reference['last'])}; {cost:.1f}x the compute."
+                    )
+        elif s["family"] in ("random", "unbiased", "adaptive") and fixed.get(ks[2]):
+            lines.append(f"{name} against TBPTT({ks[2]}, {ks[2]}): {compare(s, fixed[ks[2]])}.")
+    return lines
+
+
+def figure(task: str, rows: dict[str, dict], path: Path) -> None:
+    """Prequential loss along the stream (left, per bin of targets) and compute used (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    names = ordered(task, rows)
+    shown = []
+    for name in names:
+        s = rows[name]
+        n = min(len(c) for c in s["curves"])
+        if n == 0:
+            continue
+        xs = [s["curves"][0][j]["targets"] for j in range(n)]
+        loss = [statistics.fmean(c[j]["loss"] for c in s["curves"]) for j in range(n)]
+        seconds = [statistics.fmean(c[j]["seconds"] for c in s["curves"]) for j in range(n)]
+        shown += loss[2:]
+        siblings = [m for m in names if rows[m]["family"] == s["family"]]
+        style = {"color": colour(s["family"], name, siblings) if s["family"] in ("k1 = k2", "k2 > k1")
+                 else SINGLE[s["family"]], "linewidth": 2.0 if s["family"] == "k1 = k2" else 1.4}  # fmt: skip
+        axes[0].plot(xs, loss, STYLE[s["family"]], label=name, **style)
+        axes[1].plot(xs, seconds, STYLE[s["family"]], **style)
+    finite = [v for v in shown if math.isfinite(v)]
+    if finite:  # the first bins, before anything is learnt, would flatten the rest
+        low, high = min(finite), sorted(finite)[int(0.95 * (len(finite) - 1))]
+        axes[0].set_ylim(low - 0.05 * (high - low + 1e-9), high + 0.05 * (high - low + 1e-9))
+    change = next(iter(rows.values()))["change"]
+    if change:
+        for ax in axes:
+            ax.axvline(change, color="grey", linewidth=0.8)
+    axes[0].set_ylabel(f"prequential {ONLINE_TASKS[task].unit} (per bin)")
+    axes[1].set_ylabel("training seconds (one core)")
+    for ax in axes:
+        ax.set_xlabel("observations seen (targets)")
+        ax.grid(alpha=0.3)
+    fig.suptitle(ONLINE_TASKS[task].title, fontsize=10)
+    save(fig, path)
+
+
+def page(runs: list[dict], figures: Path, page_path: Path, command: str, setup: str, intro: str) -> None:
+    """Write the prequential study's page and one figure per task (``online-TASK.png``) into ``figures``."""
+    summary = summarise(runs)
+    figures.mkdir(parents=True, exist_ok=True)
+    parts = head("does k2 > k1 pay when the data arrives once?", command, setup, intro)
+    for task in (t for t in ONLINE_TASKS if t in summary):
+        rows = summary[task]
+        image = figures / f"online-{task}.png"
+        figure(task, rows, image)
+        first = next(iter(rows.values()))
+        parts += [
+            f"## {ONLINE_TASKS[task].title}",
+            f"Without memory of the stream ({first['reference_name']}): {first['reference']:.4f} "
+            f"{ONLINE_TASKS[task].unit}.",
+            f"![{task}]({_link(page_path, image)})",
+            table(task, rows),
+            "\n".join(f"- {line}" for line in findings(task, rows)),
+        ]
+    page_path.parent.mkdir(parents=True, exist_ok=True)
+    page_path.write_text("\n\n".join(parts) + "\n")
