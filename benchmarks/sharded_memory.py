@@ -8,7 +8,14 @@ keeps its weight version's shard and, once a later window reaches it, the gather
 retained segments keep their activations: the growth is expected to rise with k2 / k1.
 
 The model's unsharded size and one process's shard are printed with the table. Resident memory counts everything
-the process holds (activations, the allocator's cache), so the figures bound what the versions cost from above.
+the process holds, the C allocator's free memory included. glibc's ``malloc`` serves a block of several MB from
+its heap, not from a mapping of its own, once a block that large was freed (its mmap threshold rises to the
+largest freed block), and such heap memory is not given back while anything above it lives; FSDP2 frees a gathered
+tensor or a reduce-scatter's input of the whole model's size in every model call, so the default allocator's peak
+grows with the number of such blocks, not with what is alive. The processes therefore run with
+``MALLOC_MMAP_THRESHOLD_`` set to 1 MiB (set before they start; it also stops the threshold from moving), which
+maps every block of 1 MiB or more on its own and unmaps it when freed: the peak then follows the memory alive.
+``--default-allocator`` shows glibc's default.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import resource
 import socket
 import sys
@@ -100,7 +108,14 @@ def main(argv=None) -> None:
     p.add_argument("--batches", type=int, default=4)
     p.add_argument("--unsharded", action="store_true", help="the same processes without FSDP2, for comparison")
     p.add_argument("--ratios", type=int, nargs="+", default=[1, 2, 4, 8], help="the k2 / k1 to measure, k1 = 10")
+    p.add_argument(
+        "--default-allocator",
+        action="store_true",
+        help="glibc's default mmap threshold (the peak then counts freed heap)",
+    )
     args = p.parse_args(argv)
+    if not args.default_allocator:  # read by glibc when a process starts: the spawned processes inherit it
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(2**20)
     results = {}
     for ratio in args.ratios:  # fresh processes for each: a peak is never lowered
         with tempfile.TemporaryDirectory() as folder:
@@ -113,7 +128,8 @@ def main(argv=None) -> None:
     first = results[args.ratios[0]]
     print(
         f"LSTM of {args.hidden} units on {args.nproc} gloo processes{' (not sharded)' if args.unsharded else ''}: "
-        f"weights {first['full_mb']:.1f} MB, one process's part {first['shard_mb']:.1f} MB; k1 = {K1}",
+        f"weights {first['full_mb']:.1f} MB, one process's part {first['shard_mb']:.1f} MB; k1 = {K1}"
+        f"{'; glibc default allocator' if args.default_allocator else '; MALLOC_MMAP_THRESHOLD_=1 MiB'}",
         file=sys.stderr,
     )
     print(
