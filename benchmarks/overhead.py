@@ -8,6 +8,13 @@ calls of ``Tensor.item``, ``tolist``, ``__bool__``, ``__float__`` and ``__int__`
 Runs are interleaved and each method's time is its fastest run: what is measured is a few microseconds per
 window, and on a shared machine noise only adds time (as ``timeit`` advises, the minimum is the estimate).
 
+With ``--instructions`` (Linux, ``valgrind`` on the path) each method also runs alone under valgrind's cachegrind,
+once on 200 steps and once on 1,000, and the second table gives the difference per window over the hand loop's:
+instructions executed, and misses of the simulated first-level instruction and data caches. Those counts do not
+depend on what else the machine runs, and the fixed cost of a run (building the trainer, the first call's checks)
+drops out of the difference; Python's cyclic garbage collector is off in those runs, whose full collections
+would come at different points in the two. What the counts leave out is how the processor overlaps the work.
+
 - k1 = k2 = 5: the hand-written fused loop (``benchmarks.methods.hand``) against ignite's
   ``create_supervised_tbptt_trainer`` and ``create_tbptt_trainer``.
 - k1 = 1, k2 = 8 (per-token backward): the exact hand loop (``benchmarks.methods.segmented``, one call per
@@ -30,9 +37,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import platform
+import re
+import shutil
+import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
@@ -184,15 +196,90 @@ def table(rows: list[dict]) -> str:
     return markdown_table(header, cells)
 
 
+SIMULATED_STEPS = (200, 1000)
+COUNTERS = {
+    "instructions": r"I\s+refs:\s+([\d,]+)",
+    "I1 misses": r"I1\s+misses:\s+([\d,]+)",
+    "D1 misses": r"D1\s+misses:\s+([\d,]+)",
+}
+
+
+def simulate(k1: int, k2: int, name: str, steps: int) -> dict[str, int]:
+    """Cachegrind's counts for one run of ``name`` on ``steps`` steps, in a process of its own."""
+    command = ["valgrind", "--tool=cachegrind", "--cache-sim=yes", "--cachegrind-out-file=/dev/null"]
+    command += [sys.executable, "-m", "benchmarks.overhead", "--child", str(k1), str(k2), name, str(steps)]
+    report = subprocess.run(command, capture_output=True, text=True, check=True).stderr
+    return {counter: int(re.search(pattern, report).group(1).replace(",", "")) for counter, pattern in COUNTERS.items()}
+
+
+def simulated(workers: int = 2) -> list[dict]:
+    """Per window over the hand loop: instructions and first-level cache misses (cachegrind, 1,000 - 200 steps)."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind on the path (e.g. apt-get install valgrind).")
+    jobs = [(k1, k2, name, steps) for k1, k2 in CASES for name in contenders(k1, k2) for steps in SIMULATED_STEPS]
+    with ThreadPoolExecutor(workers) as pool:
+        counts = dict(zip(jobs, pool.map(lambda job: simulate(*job), jobs)))
+    rows = []
+    for k1, k2 in CASES:
+        small, large = (make_batches(steps) for steps in SIMULATED_STEPS)
+        windows = sum(-(-x.shape[0] // k1) for x, _ in large) - sum(-(-x.shape[0] // k1) for x, _ in small)
+        names = list(contenders(k1, k2))
+        per_window = {
+            name: {
+                c: (counts[k1, k2, name, SIMULATED_STEPS[1]][c] - counts[k1, k2, name, SIMULATED_STEPS[0]][c]) / windows
+                for c in COUNTERS
+            }
+            for name in names
+        }
+        for name in names:
+            rows.append(
+                {
+                    "k1": k1,
+                    "k2": k2,
+                    "method": name,
+                    **{c: per_window[name][c] - per_window[names[0]][c] for c in COUNTERS},
+                }
+            )
+    return rows
+
+
+def simulated_table(rows: list[dict]) -> str:
+    header = ["k1", "k2", "method", "instructions per window over the hand loop", "I1 misses", "D1 misses"]
+    cells = [[str(r["k1"]), str(r["k2"]), r["method"], *(f"{r[c]:+,.0f}" for c in COUNTERS)] for r in rows]
+    return markdown_table(header, cells)
+
+
+def child(k1: int, k2: int, name: str, steps: int) -> None:
+    """One run of ``name``, to be counted by cachegrind from outside, without Python's cyclic collector.
+
+    A full collection walks every object the process holds (some 300,000 after importing torch) whenever the
+    allocation counts say so: a few such in one run and not in another would count as tens of thousands of
+    instructions per window.
+    """
+    torch.set_num_threads(1)
+    batches = make_batches(steps)
+    gc.collect()
+    gc.disable()
+    train(contenders(k1, k2)[name], batches, k1, k2)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
+    p.add_argument("--instructions", action="store_true", help="also count instructions and cache misses (valgrind)")
+    p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.child:
+        k1, k2, name, steps = args.child
+        return child(int(k1), int(k2), name, int(steps))
     torch.set_num_threads(1)
     rows = measure(args.repeats, args.steps)
     text = table(rows)
+    if args.instructions:
+        text += "\n\nCounted by cachegrind, per window over the hand loop (1,000 steps minus 200):\n\n"
+        text += simulated_table(simulated())
     print(text)
     if args.markdown:
         setup = f"{platform.machine()}, 1 thread, torch {torch.__version__}, {args.repeats} repeats, fastest run"
