@@ -30,6 +30,7 @@ __all__ = [
     "synchronise",
     "ProcessesDisagree",
     "all_start_steps",
+    "check_same_batch",
     "gather_states",
     "own_state",
 ]
@@ -102,6 +103,30 @@ def _shown(row: list[int]) -> str:
     if kind == EPOCH_END:
         return f"the end of epoch {epoch} (iteration {iteration})"
     return f"optimizer step {step} (epoch {epoch}, iteration {iteration}, window {window})"
+
+
+def check_same_batch(length: int, has_starts: bool, device: torch.device) -> bool:
+    """Check that every process's batch has ``length`` steps: one small collective.
+
+    A model sharded by FSDP2 gathers its weights in every model call, so processes whose batches differ in length
+    would make different calls, each waiting in a collective the others never reach.
+
+    Returns:
+        Whether any process's batch marks sequence starts (then all take part in :func:`all_start_steps`).
+
+    Raises:
+        ProcessesDisagree: on every process, if the lengths differ; naming each process's.
+    """
+    record = torch.tensor([length, int(has_starts)], dtype=torch.int64, device=device)
+    rows = idist.all_gather(record).view(-1, 2).tolist()
+    if any(row[0] != rows[0][0] for row in rows):
+        lengths = ", ".join(f"rank {r} has {row[0]}" for r, row in enumerate(rows))
+        raise ProcessesDisagree(
+            f"the processes' batches differ in length ({lengths} steps), and a model sharded by FSDP2 needs every "
+            "process to make the same model calls: give every process batches of the same lengths (e.g. "
+            "stream_batches or pack_sequences with the same length and drop_last=True on each)."
+        )
+    return any(row[1] for row in rows)
 
 
 def all_start_steps(steps: list[int], length: int, device: torch.device) -> list[int]:

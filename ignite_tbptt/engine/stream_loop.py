@@ -190,10 +190,13 @@ class StreamLoop:
 
         Raises:
             TypeError, ValueError: as :func:`~ignite_tbptt.create_tbptt_trainer` lists for batches.
+            ProcessesDisagree: for a model sharded by FSDP2, if the processes' batches differ in length.
         """
         length = check_pair(x, y, self.layout)
         resets = {} if starts is None else self._check_starts(x, starts)
-        if self.sharded and starts is not None:  # every process splits its segments where any process resets
+        # Every process of a sharded model makes the same calls: the same batch length, and segments split where
+        # any process resets.
+        if self.sharded and distributed.check_same_batch(length, starts is not None, x.device):
             resets = {t: resets.get(t) for t in distributed.all_start_steps(list(resets), length, x.device)}
         if self.carry_hidden and x.dim() > 1:
             self.stream.check_columns(self.layout.columns(x))

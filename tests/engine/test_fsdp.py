@@ -227,6 +227,35 @@ def test_what_cannot_work_with_a_sharded_model_is_refused_when_the_run_starts(tm
     assert message in path.read_text()
 
 
+def train_uneven(local_rank, path, starts):
+    from ignite_tbptt.engine.distributed import ProcessesDisagree
+
+    rank = idist.get_rank()
+    model, trainer = build(True, 3, 7, 1, False)
+    x, y = BATCHES[1]  # 12 steps; rank 1's batch is cut to 10
+    batch = (x[: 12 - 2 * rank], y[: 12 - 2 * rank])
+    if starts:  # only rank 0 marks sequence starts: the processes must still agree on the collectives they make
+        batch = (*batch, torch.zeros(batch[0].shape[:2], dtype=torch.bool)) if rank == 0 else batch
+    before = [p.to_local().clone() for p in model.parameters()]
+    try:
+        trainer.run([batch])
+    except ProcessesDisagree as error:
+        unchanged = all(torch.equal(a, p.to_local()) for a, p in zip(before, model.parameters()))
+        path.with_name(f"rank{rank}.txt").write_text(f"{unchanged}\n{error}")
+
+
+@pytest.mark.parametrize("starts", [False, True], ids=["no starts", "starts on one process"])
+def test_batches_of_different_lengths_on_the_processes_are_refused_on_every_process_before_any_call(
+    tmp_path, free_port, starts
+):
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
+        p.run(in_process, train_uneven, tmp_path / "error", starts)
+    for rank in (0, 1):
+        unchanged, message = (tmp_path / f"rank{rank}.txt").read_text().split("\n", 1)
+        assert unchanged == "True"
+        assert "batches differ in length (rank 0 has 12, rank 1 has 10 steps)" in message
+
+
 XLSTM_TOKENS = torch.randint(0, 50, (8, 64 * 4 + 1), generator=torch.Generator().manual_seed(0))
 XLSTM_BATCHES = [(XLSTM_TOKENS[:, i : i + 64], XLSTM_TOKENS[:, i + 1 : i + 65]) for i in range(0, 64 * 4, 64)]
 
