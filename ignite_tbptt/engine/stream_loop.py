@@ -129,9 +129,18 @@ class StreamLoop:
         self.listener: LoopListener | None = None
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.attributes_checked = False  # the model's attributes were checked for graphs after a first window
-        #: The model has parameters sharded by FSDP2 and runs in a distributed group: every process makes the same
-        #: model calls (set when a run starts).
-        self.sharded = False
+
+    @property
+    def sharded(self) -> bool:
+        """The model has parameters sharded by FSDP2 and runs in a distributed group (set when a run starts).
+
+        Every process then makes the same model calls and backward calls, a segment without targets included.
+        """
+        return self.executor.backward_without_targets
+
+    @sharded.setter
+    def sharded(self, value: bool) -> None:
+        self.executor.backward_without_targets = value
 
     @property
     def history(self) -> RetainedHistory:

@@ -66,6 +66,9 @@ class SegmentExecutor:
     ) -> None:
         self.model_call, self.loss_fn, self.stream = model_call, loss_fn, stream
         self.scaler, self.target_count_fn, self.graphs = scaler, target_count_fn, graphs
+        #: Run a segment's backward pass even where it has no targets, on a zero loss: every process of a model
+        #: sharded by FSDP2 must make the same backward calls, whose hooks gather weights and reduce gradients.
+        self.backward_without_targets = False
         self._columns_to_check: int | None = None  # columns the default reset must handle, checked at the next call
         self._state_cut_checked = False  # whether a call's returned state was checked not to grow from the last one
 
@@ -120,9 +123,12 @@ class SegmentExecutor:
             y_owed = [t.detach().requires_grad_(t.requires_grad or plan.rebuilt) for t in hs.flatten(y_pred)]
         loss: Any = 0.0
         root = None
-        if n:
+        backward = n or self.backward_without_targets
+        if backward:
             predictions = y_pred if y_owed is None else hs.unflatten(y_pred, y_owed)
-            if self.model_call.autocasts:
+            if not n:  # no targets, yet the backward calls must be made: a zero loss, with the predictions' graph
+                mean = sum(t.sum() for t in hs.flatten(predictions) if t.requires_grad) * 0.0
+            elif self.model_call.autocasts:
                 with self.model_call.autocast():
                     mean = _checked(self.loss_fn(predictions, y))
             else:
@@ -147,11 +153,11 @@ class SegmentExecutor:
                 segment.replay, segment.loss = replay, root
                 segment.outputs = hs.flatten(hidden_out)
             elif not plan.backward_now:
-                segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if n else None
+                segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if backward else None
                 if plan.rebuilt:  # the sweep builds its graph again
                     segment.inputs, segment.outputs = [], None
                 else:
-                    segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if n else None
+                    segment.outputs, segment.y_pred = hs.flatten(hidden_out), hs.flatten(y_pred) if backward else None
             stream.history.append(segment)
         stream.hidden, stream.position = hidden_out, plan.end
         stream.window_loss.add(loss, n, plan.whole_window)

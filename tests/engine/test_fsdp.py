@@ -256,6 +256,53 @@ def test_batches_of_different_lengths_on_the_processes_are_refused_on_every_proc
         assert "batches differ in length (rank 0 has 12, rank 1 has 10 steps)" in message
 
 
+def padded(batches):
+    """The batches with the targets of columns 2 and 3, the second process's, padding in steps 3 to 8."""
+    out = []
+    for x, y in batches:
+        y = y.clone()
+        y[3:9, 2:] = -100
+        out.append((x, y))
+    return out
+
+
+def counted_trainer(sharded):
+    from ignite_tbptt import count_targets
+
+    torch.manual_seed(0)
+    model = Net().double()
+    if sharded:
+        shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.5)
+    target_count_fn = lambda y_pred, y: count_targets(y)  # noqa: E731
+    trainer = create_tbptt_trainer(
+        model, optimizer, cross_entropy, 3, 7, carry_hidden=True, target_count_fn=target_count_fn
+    )
+    return model, trainer
+
+
+def train_padded(local_rank, path):
+    rank = idist.get_rank()
+    model, trainer = counted_trainer(True)
+    columns = slice(2 * rank, 2 * rank + 2)
+    trainer.run([tuple(t[:, columns] for t in batch) for batch in padded(BATCHES)], max_epochs=2)
+    params = [p.full_tensor().detach() for p in model.parameters()]
+    if rank == 0:
+        torch.save(params, path)
+
+
+def test_a_segment_of_padding_only_on_one_process_still_makes_its_backward_calls(tmp_path, free_port):
+    # Segments [3, 6) and [6, 9) of the first two batches hold no target on the second process: it backpropagates a
+    # zero loss there, so that its backward calls meet the first process's (each runs FSDP2's collectives), and
+    # the two together train as one process on the whole batch.
+    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
+        p.run(in_process, train_padded, tmp_path / "params.pt")
+    single, trainer = counted_trainer(False)
+    trainer.run(padded(BATCHES), max_epochs=2)
+    for p, q in zip(single.parameters(), torch.load(tmp_path / "params.pt")):
+        torch.testing.assert_close(q, p.detach(), rtol=0, atol=1e-9)
+
+
 XLSTM_TOKENS = torch.randint(0, 50, (8, 64 * 4 + 1), generator=torch.Generator().manual_seed(0))
 XLSTM_BATCHES = [(XLSTM_TOKENS[:, i : i + 64], XLSTM_TOKENS[:, i + 1 : i + 65]) for i in range(0, 64 * 4, 64)]
 
