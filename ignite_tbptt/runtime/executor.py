@@ -125,14 +125,7 @@ class SegmentExecutor:
         root = None
         backward = n or self.backward_without_targets
         if backward:
-            predictions = y_pred if y_owed is None else hs.unflatten(y_pred, y_owed)
-            if not n:  # no targets, yet the backward calls must be made: a zero loss, with the predictions' graph
-                mean = sum(t.sum() for t in hs.flatten(predictions) if t.requires_grad) * 0.0
-            elif self.model_call.autocasts:
-                with self.model_call.autocast():
-                    mean = _checked(self.loss_fn(predictions, y))
-            else:
-                mean = _checked(self.loss_fn(predictions, y))
+            mean = self._mean_loss(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y, n)
             # A sum over the targets, unless backpropagated as the mean: the optimizer step divides by the target
             # count of all its windows.
             loss = mean if plan.backward_mean else mean * n
@@ -162,6 +155,16 @@ class SegmentExecutor:
         stream.hidden, stream.position = hidden_out, plan.end
         stream.window_loss.add(loss, n, plan.whole_window)
         return SegmentResult(loss, n, hs.detached(y_pred) if keep_predictions else None)
+
+    def _mean_loss(self, predictions: Any, y: Any, n: int) -> torch.Tensor:
+        # loss_fn's mean over the targets; without targets, yet with backward calls to make (a sharded model), a zero
+        # loss with the predictions' graph.
+        if not n:
+            return sum(t.sum() for t in hs.flatten(predictions) if t.requires_grad) * 0.0
+        if self.model_call.autocasts:
+            with self.model_call.autocast():
+                return _checked(self.loss_fn(predictions, y))
+        return _checked(self.loss_fn(predictions, y))
 
     def _run_program(
         self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
