@@ -1,7 +1,8 @@
 """The suite's options and fixtures: ``--device`` runs the tests on another device, and a free port for processes.
 
 ``python -m pytest --device cuda`` makes that device torch's default during every test of the layers that train
-(``tests/engine``, ``tests/handlers``, ``tests/runtime``, ``tests/data``, ``tests/planning``, ``tests/examples``),
+(``tests/engine``, ``tests/handlers``, ``tests/runtime``, ``tests/data``, ``tests/planning``, ``tests/models``,
+``tests/examples``),
 so that the models, states and batches the tests make are created there, as ``torch.device`` used as a context
 does (PyTorch's own device-generic tests, ``common_device_type.py``, are the model). Tests that cannot run there
 (other processes, the docs build, the benchmarks' and notebooks' runs) are skipped with their reason; a test marks
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 # The folders whose tests train: they run on the --device.
-ON_DEVICE = {"engine", "handlers", "runtime", "data", "planning", "examples"}
+ON_DEVICE = {"engine", "handlers", "runtime", "data", "planning", "models", "examples"}
 
 
 def pytest_addoption(parser):

@@ -146,3 +146,11 @@ def test_the_sharded_memory_benchmark_runs_at_tiny_sizes():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| 2 |" in done.stdout and "weights" in done.stderr
+
+
+def test_the_mamba2_memory_benchmark_measures_tbptt_and_full_bptt_at_tiny_sizes():
+    pytest.importorskip("transformers")
+    command = [sys.executable, "-m", "benchmarks.mamba2_memory", "--lengths", "128", "--full-up-to", "128"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "| 128 | TBPTT(32, 64) |" in done.stdout and "| 128 | full BPTT |" in done.stdout

@@ -2,7 +2,8 @@
 
 The layers (docs/architecture.md): ``planning`` imports neither torch nor ignite; ``runtime`` imports torch and
 ``planning`` but not ignite; ``engine`` wires them into ignite; ``handlers`` reach the rest only through public
-names; ``data`` lays out batches on its own. The tests mirror the package, a folder per subpackage.
+names; ``data`` lays out batches on its own; ``models`` adapts other libraries' models, through public names too.
+The tests mirror the package, a folder per subpackage.
 """
 
 import ast
@@ -23,7 +24,8 @@ ALLOWED = {
     "data": {"checks", "layout"},
     "engine": {"planning", "runtime", "data", "checks", "layout", "version"},
     "handlers": {"engine", "planning", "checks", "plot"},
-    "examples": {"", "data"},  # the package's public API, as a user imports it
+    "models": {"", "planning", "checks"},  # adapters for other libraries' models, importing those only when called
+    "examples": {"", "data", "models"},  # the package's public API, as a user imports it
 }
 THIRD_PARTY_FORBIDDEN = {"planning": {"torch", "ignite", "numpy"}, "runtime": {"ignite"}}
 
@@ -78,7 +80,7 @@ def test_each_module_imports_only_the_layers_below_it(path):
         if target == own:
             continue
         assert target in ALLOWED[own], f"{module_name(path)} imports {module}: {own} may import {ALLOWED[own]}"
-        if own in ("handlers", "examples"):  # public names only: a subpackage's or a root module's own
+        if own in ("handlers", "models", "examples"):  # public names only: a subpackage's or a root module's own
             assert module.count(".") <= 1, f"{module_name(path)} reaches into {module}"
             assert not any(n.startswith("_") for n in names), f"{module_name(path)} imports private {names}"
 
@@ -139,7 +141,7 @@ def test_no_import_cycle_inside_the_package():
 
 
 def test_a_subpackage_is_one_layer_and_at_most_a_handful_of_modules_stay_at_the_root():
-    assert SUBPACKAGES == ["data", "engine", "examples", "handlers", "planning", "runtime"]
+    assert SUBPACKAGES == ["data", "engine", "examples", "handlers", "models", "planning", "runtime"]
     root = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert root == ["__init__", "checks", "layout", "metrics", "plot", "version"]
 

@@ -1,0 +1,18 @@
+"""The Mamba2 example: Hugging Face's Mamba2 learns the main corpus, its state carried or reset at every window."""
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from ignite_tbptt.examples import mamba_lm  # noqa: E402  (after the skip: the example needs transformers)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("mode", ["carried", "reset"])
+def test_both_ways_of_training_learn_the_main_corpus_in_quick_mode(mode):
+    # One thread: a few seconds, also where other jobs share the cores (torch's threads are restored after).
+    result = mamba_lm.main(["--quick", "--threads", "1", *(["--reset-every-window"] if mode == "reset" else [])])
+    assert result["mode"] == mode
+    assert result["valid_bpc"] < result["unigram_bpc"] - 0.3
+    assert result["valid_bpc_chunks"] < result["unigram_bpc"] - 0.3
