@@ -131,6 +131,7 @@ def figure(task: str, rows: dict[str, dict], path: Path) -> None:
             ax.axvline(change, color="grey", linewidth=0.8)
     axes[0].set_ylabel(f"prequential {ONLINE_TASKS[task].unit} (per bin)")
     axes[1].set_ylabel("training seconds (one core)")
+    axes[1].set_yscale("log")  # per-token updates cost tens of times the rest
     for ax in axes:
         ax.set_xlabel("observations seen (targets)")
         ax.grid(alpha=0.3)
