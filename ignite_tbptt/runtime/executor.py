@@ -123,7 +123,7 @@ class SegmentExecutor:
             y_owed = [t.detach().requires_grad_(t.requires_grad or plan.rebuilt) for t in hs.flatten(y_pred)]
         loss: Any = 0.0
         root = None
-        backward = n or self.backward_without_targets
+        backward = n or self.backward_without_targets and any(t.requires_grad for t in hs.flatten(y_owed or y_pred))
         if backward:
             mean = self._mean_loss(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y, n)
             # A sum over the targets, unless backpropagated as the mean: the optimizer step divides by the target
