@@ -14,7 +14,7 @@ from pathlib import Path
 from benchmarks.report import markdown_table
 from benchmarks.tradeoff.online import online_truncations
 from benchmarks.tradeoff.online_tasks import ONLINE_TASKS
-from benchmarks.tradeoff.report import _link, colour, compare, head, save
+from benchmarks.tradeoff.report import _link, colour, compare, grouped, head, save, spread
 
 STYLE = {"k1 = k2": "-", "k2 > k1": "--", "random": ":", "unbiased": "-.", "adaptive": ":", "per-token": "-"}
 SINGLE = {"random": "tab:green", "unbiased": "tab:purple", "adaptive": "tab:brown", "per-token": "tab:red"}
@@ -22,19 +22,13 @@ SINGLE = {"random": "tab:green", "unbiased": "tab:purple", "adaptive": "tab:brow
 
 def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
     """Per task and truncation: the chosen rate, whole-stream and last-quarter losses over seeds, and the costs."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
-    for r in runs:
-        groups[r["task"], r["truncation"]].append(r)
     out: dict[str, dict[str, dict]] = defaultdict(dict)
-    for (task, truncation), rs in groups.items():
-        whole, last = [r["final_bits"] for r in rs], [r["last_quarter"] for r in rs]
+    for (task, truncation), rs in grouped(runs).items():
         out[task][truncation] = {
             "family": rs[0]["family"],
             "lr": rs[0]["lr"],
-            "mean": statistics.fmean(whole),
-            "low": min(whole),
-            "high": max(whole),
-            "last": {"mean": statistics.fmean(last), "low": min(last), "high": max(last)},
+            **spread([r["final_bits"] for r in rs]),
+            "last": spread([r["last_quarter"] for r in rs]),
             "seconds": statistics.fmean(r["seconds"] for r in rs),
             "steps": statistics.fmean(r["steps"] for r in rs),
             "reference": rs[0]["reference"],

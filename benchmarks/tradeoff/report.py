@@ -21,22 +21,29 @@ PALETTE = {"k1 = k2": "Blues", "k2 > k1": "Oranges"}  # shades by the family's o
 SINGLE = {"random": "tab:green", "unbiased": "tab:purple", "adaptive": "tab:brown"}
 
 
-def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
-    """Per task and truncation: the chosen rate, the final bits (mean, min, max over seeds) and the costs."""
-    groups: dict[tuple, list[dict]] = defaultdict(list)
+def grouped(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
+    """``runs`` by task and truncation: the seeds of each."""
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for r in runs:
         groups[r["task"], r["truncation"]].append(r)
+    return groups
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """The seeds' ``mean``, ``low`` and ``high`` of a measure (what :func:`compare` reads)."""
+    return {"mean": statistics.fmean(values), "low": min(values), "high": max(values)}
+
+
+def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per task and truncation: the chosen rate, the final bits (mean, min, max over seeds) and the costs."""
     out: dict[str, dict[str, dict]] = defaultdict(dict)
-    for (task, truncation), rs in groups.items():
-        finals = [r["final_bits"] for r in rs]
+    for (task, truncation), rs in grouped(runs).items():
         seconds = [r["curve"][-1]["seconds"] for r in rs if r["curve"]]
         out[task][truncation] = {
             "family": rs[0]["family"],
             "lr": rs[0]["lr"],
             "seeds": len(rs),
-            "mean": statistics.fmean(finals),
-            "low": min(finals),
-            "high": max(finals),
+            **spread([r["final_bits"] for r in rs]),
             "steps": statistics.fmean(r["curve"][-1]["steps"] for r in rs if r["curve"]),
             "rate": statistics.fmean(r["curve"][-1]["targets"] / r["curve"][-1]["seconds"] for r in rs if r["curve"]),
             "seconds": statistics.fmean(seconds) if seconds else math.nan,
