@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import time
 
 import torch
@@ -102,7 +103,7 @@ def summary(values: list[float], targets: list[int], moments: list[tuple[float, 
     A window is counted in the bin its first target falls in (windows are short against a bin).
     """
     total = sum(targets)
-    if not total or any(v != v or v in (float("inf"), float("-inf")) for v in values):
+    if not total or not all(math.isfinite(v) for v in values):
         return {"final_bits": float("nan"), "last_quarter": float("nan"), "curve": []}
     sums, counts, ends = [0.0] * bins, [0] * bins, [(0.0, 0)] * bins
     seen = 0
