@@ -153,3 +153,34 @@ def test_quick_prequential_study_reads_each_stream_once_and_reports_per_observat
     assert "TBPTT(25, 50) against TBPTT(25, 25)" not in text  # only comparisons with runs that exist
     for task in ("python", "power", "shift"):
         assert (tmp_path / f"online-{task}.png").stat().st_size > 10_000
+
+
+def test_prequential_answer_counts_each_k2_above_k1_pair_as_clearly_lower_higher_or_within_the_spread(tmp_path):
+    from benchmarks.tradeoff.online_report import answer, section
+
+    def row(family, mean, spread=0.01, seconds=1.0):
+        return {"family": family, "mean": mean, "low": mean - spread, "high": mean + spread, "seconds": seconds}
+
+    # The power stream's truncations (ks 5, 10, 20, 40, 80): k2 > k1 pairs TBPTT(5, 20) and TBPTT(10, 20) beside
+    # TBPTT(20, 20); TBPTT(10, 40) and TBPTT(20, 40) beside TBPTT(40, 40).
+    rows = {
+        "TBPTT(5, 5)": row("k1 = k2", 1.00),
+        "TBPTT(10, 10)": row("k1 = k2", 1.10, seconds=0.5),
+        "TBPTT(20, 20)": row("k1 = k2", 1.30),
+        "TBPTT(40, 40)": row("k1 = k2", 1.60),
+        "TBPTT(5, 20)": row("k2 > k1", 0.90, seconds=2.0),  # clearly below TBPTT(5, 5)
+        "TBPTT(10, 20)": row("k2 > k1", 1.25),  # clearly above TBPTT(10, 10)
+        "TBPTT(10, 40)": row("k2 > k1", 1.11),  # within the spread of TBPTT(10, 10)
+        "TBPTT(1, 10)": row("per-token", 0.80, seconds=10.0),
+    }
+    lines = answer({"power": rows})
+    assert lines[0].endswith(
+        "best TBPTT(1, 10), 0.800 squared error against 1.000 for TBPTT(5, 5), the best k1 = k2; 20x the seconds of "
+        "TBPTT(10, 10)."
+    )
+    assert "same k1 (what the longer reach gives), over the whole stream: clearly lower on 1 of 3 pairs, clearly " \
+        "higher on 1, within the seeds' spread on 1. Lower: TBPTT(5, 20) on power (0.900 against 1.000 for " \
+        "TBPTT(5, 5), 2.0x the seconds)." in lines[1]  # fmt: skip
+    assert "same k2 (what updating more often gives), over the whole stream: clearly lower on 3 of 3 pairs" in lines[2]
+    parts = section([], tmp_path, tmp_path / "page.md", tmp_path / "online.md")
+    assert parts == []  # no prequential results: the budget page has no such section

@@ -27,11 +27,8 @@ The truncations, from each task's five window lengths `a < b < c < d < e`: TBPTT
 k2 > k1 at the same k2 (TBPTT(a, c) and TBPTT(b, c) beside TBPTT(c, c), TBPTT(b, d) and TBPTT(c, d) beside
 TBPTT(d, d)); `RandomWindows(c, c)` (AWD-LSTM's lengths, mean about c); `ARTBP(grid=b, mean_length=c)`
 (unbiased); `AdaptiveTruncation` with windows of b and k2 in (b, e], bias under 10%. Interpretation and advice:
-[Choosing k1 and k2](concepts.md#choosing-k1-and-k2).
-
-The other regime, where the data arrives once and every observation is predicted before it is learnt from, is
-measured by `python -m benchmarks.tradeoff --online`:
-[does k2 > k1 pay when the data arrives once?](benchmarks-online.md)
+[Choosing k1 and k2](concepts.md#choosing-k1-and-k2). The other regime, where the data arrives once, closes the
+page.
 """
 
 ONLINE_INTRO = """\

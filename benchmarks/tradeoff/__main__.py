@@ -56,7 +56,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.results = args.results or root / "data" / f"{name}.jsonl"
     args.markdown = args.markdown or root / f"benchmarks-{name}.md"
     args.figures = args.figures or root / "images"
+    # The budget study's page ends with the prequential study's answer, read from its results beside.
+    online_root = Path("runs/online-quick") if args.quick else Path("docs")
+    args.online_results, args.online_page = online_root / "data" / "online.jsonl", online_root / "benchmarks-online.md"
     return args
+
+
+def _online_runs(args: argparse.Namespace) -> list[dict]:
+    """The prequential study's reported runs, if its results lie beside the budget study's; else none."""
+    if not args.online_results.exists():
+        return []
+    return selected(read_results(args.online_results), plan(list(ONLINE_TASKS), args.quick, True), args.seeds)
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -76,7 +86,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.online:
         online_report.page(runs, args.figures, args.markdown, command, setup, ONLINE_INTRO)
     else:
-        page(runs, read_results(args.results), args.figures, args.markdown, command, setup, INTRO)
+        closing = online_report.section(_online_runs(args), args.figures, args.markdown, args.online_page)
+        page(runs, read_results(args.results), args.figures, args.markdown, command, setup, INTRO, closing)
     print(f"wrote {args.markdown} and {len(args.tasks)} figures in {args.figures}")
     return runs
 

@@ -91,6 +91,84 @@ def findings(task: str, rows: dict[str, dict]) -> list[str]:
     return lines
 
 
+def _clear(a: dict, b: dict) -> int:
+    """-1 if ``a`` is clearly lower than ``b`` (the seeds' ranges apart), 1 if clearly higher, else 0."""
+    return -1 if a["high"] < b["low"] else 1 if b["high"] < a["low"] else 0
+
+
+def answer(summary: dict[str, dict[str, dict]]) -> list[str]:
+    """The study's answer over all its streams, each line a sentence computed from the tables.
+
+    Per stream, the best truncation and what per-token updates cost; over all streams, how each k2 > k1 fared
+    against k1 = k2 at the same k1 (what the longer reach does) and at the same k2 (what updating more often does).
+    """
+    lines, same_k1, same_k2 = [], [], []
+    for task, rows in summary.items():
+        unit, ks = ONLINE_TASKS[task].unit, ONLINE_TASKS[task].ks
+        fixed = {k: rows.get(f"TBPTT({k}, {k})") for k in ks}
+        best = min(rows, key=lambda n: rows[n]["mean"])
+        best_fixed = min((n for n in rows if rows[n]["family"] == "k1 = k2"), key=lambda n: rows[n]["mean"])
+        line = (
+            f"{ONLINE_TASKS[task].title}: best {best}, {rows[best]['mean']:.3f} {unit} against "
+            f"{rows[best_fixed]['mean']:.3f} for {best_fixed}, the best k1 = k2"
+        )
+        if rows[best]["family"] == "per-token" and fixed.get(ks[1]):
+            line += f"; {rows[best]['seconds'] / fixed[ks[1]]['seconds']:.0f}x the seconds of TBPTT({ks[1]}, {ks[1]})"
+        lines.append(line + ".")
+        for name in ordered(task, rows):
+            if rows[name]["family"] != "k2 > k1":
+                continue
+            k1, k2 = (int(k) for k in name[len("TBPTT(") : -1].split(", "))
+            for k, pairs in ((k1, same_k1), (k2, same_k2)):
+                if fixed.get(k):
+                    pairs.append((task, name, f"TBPTT({k}, {k})", rows[name], fixed[k]))
+
+    def tally(pairs: list, what: str) -> str:
+        verdicts = [_clear(s, ref) for *_, s, ref in pairs]
+        better = [
+            f"{name} on {task} ({s['mean']:.3f} against {ref['mean']:.3f} for {reference}, "
+            f"{s['seconds'] / ref['seconds']:.1f}x the seconds)"
+            for (task, name, reference, s, ref), v in zip(pairs, verdicts)
+            if v < 0
+        ]
+        text = (
+            f"k2 > k1 against k1 = k2 at the same {what}, over the whole stream: clearly lower on "
+            f"{len(better)} of {len(pairs)} pairs, clearly higher on {verdicts.count(1)}, within the seeds' "
+            f"spread on {verdicts.count(0)}."
+        )
+        return text + (f" Lower: {'; '.join(better)}." if better and len(better) <= 4 else "")
+
+    if same_k1:
+        lines.append(tally(same_k1, "k1 (what the longer reach gives)"))
+    if same_k2:
+        lines.append(tally(same_k2, "k2 (what updating more often gives)"))
+    return lines
+
+
+def section(runs: list[dict], figures: Path, page_path: Path, online_page: Path) -> list[str]:
+    """The budget study's page's section on this regime: the answer, the first stream's figure, a link to the page.
+
+    Args:
+        runs: the prequential study's reported runs (none: no section).
+        figures: the folder holding its figures (``online-TASK.png``, drawn by :func:`page`).
+        page_path: the page the section goes into, for the links.
+        online_page: the prequential study's page.
+    """
+    summary = summarise(runs)
+    if not summary:
+        return []
+    first = next(t for t in ONLINE_TASKS if t in summary)
+    image = figures / f"online-{first}.png"
+    link = _link(page_path, online_page)
+    return [
+        "## When the data arrives once",
+        "The other regime: each stream read once, in order, every observation predicted before it is learnt from "
+        f"(`python -m benchmarks.tradeoff --online`; tables, curves and method: [its page]({link})). What it found:",
+        "\n".join(f"- {line}" for line in answer(summary)),
+        *([f"![{first}, read once]({_link(page_path, image)})"] if image.exists() else []),
+    ]
+
+
 def figure(task: str, rows: dict[str, dict], path: Path) -> None:
     """Prequential loss along the stream (left, per bin of targets) and compute used (right)."""
     import matplotlib
@@ -138,6 +216,7 @@ def page(runs: list[dict], figures: Path, page_path: Path, command: str, setup: 
     summary = summarise(runs)
     figures.mkdir(parents=True, exist_ok=True)
     parts = head("does k2 > k1 pay when the data arrives once?", command, setup, intro)
+    parts += ["## The answer", "\n".join(f"- {line}" for line in answer(summary))]
     for task in (t for t in ONLINE_TASKS if t in summary):
         rows = summary[task]
         image = figures / f"online-{task}.png"

@@ -195,7 +195,14 @@ def grid_table(task: str, rows: dict[str, dict], results: list[dict]) -> str:
 
 
 def page(
-    runs: list[dict], results: list[dict], figures: Path, page_path: Path, command: str, setup: str, intro: str
+    runs: list[dict],
+    results: list[dict],
+    figures: Path,
+    page_path: Path,
+    command: str,
+    setup: str,
+    intro: str,
+    closing: list[str] = (),
 ) -> None:
     """Write the page (tables, findings, figure links) and one figure per task into ``figures``.
 
@@ -207,6 +214,7 @@ def page(
         command: the command line that made the page, as the page states it.
         setup: the machine and settings, one line.
         intro: the text under the title.
+        closing: parts after the tasks' (the prequential study's section, say).
     """
     summary = summarise(runs)
     figures.mkdir(parents=True, exist_ok=True)
@@ -226,6 +234,7 @@ def page(
             f"The learning-rate grid: seed 0's validation {TASKS[task].unit} at the budget, the chosen rate in bold.",
             grid_table(task, rows, results),
         ]
+    parts += closing
     page_path.parent.mkdir(parents=True, exist_ok=True)
     page_path.write_text("\n\n".join(parts) + "\n")
 
