@@ -7,7 +7,7 @@ from typing import Any
 from ignite.contrib.engines.tbptt import Tbptt_Events
 from ignite.engine import Engine, EventEnum
 
-__all__ = ["TBPTTEvents", "register_tbptt_events", "fire", "listened"]
+__all__ = ["TBPTTEvents", "register_tbptt_events", "EventFiring"]
 
 
 class TBPTTEvents(EventEnum):
@@ -74,19 +74,44 @@ def register_tbptt_events(engine: Engine) -> None:
             engine.state_dict_user_keys.append(name)
 
 
-def listened(engine: Engine, *events: Any) -> bool:
-    """Whether a handler is attached to any of ``events`` (registered ones) on ``engine``."""
-    handlers = engine._event_handlers
-    return any(handlers.get(event) for event in events)
-
-
-def fire(engine: Engine, event: Any) -> None:
-    """Fire ``event``, registered by :func:`register_tbptt_events`, as ``engine.fire_event(event)`` does.
+class EventFiring:
+    """Fires ``events`` (registered by :func:`register_tbptt_events`) on ``engine``, as ``engine.fire_event`` does.
 
     ``Engine.fire_event`` first checks the event against every allowed one, one Python comparison each, and
     formats a debug message: about 6 µs an event, paid several times a window even when nothing listens. The
     trainer's own events are registered when it attaches, so here only their handlers run, if any.
+
+    Finding an event's handlers hashes it, a Python call (ignite's ``CallableEventWithFilter.__hash__``), six
+    times a window; so each event's list in ``engine._event_handlers`` is looked up once and kept. ignite's
+    ``add_event_handler`` appends to that list, so a handler attached later is seen at once. Only
+    ``remove_event_handler`` replaces it, and the list kept still holds the removed handler: where the engine
+    has a handler, the kept list is never empty, and ``Engine._fire_event`` runs the engine's current list.
+    :meth:`refresh` (when a run starts) drops lists replaced so.
+
+    Args:
+        engine: the engine.
+        events: the events fired through this object, in the order of their indices in :meth:`fire`.
     """
-    engine.last_event_name = event
-    if engine._event_handlers.get(event):
-        engine._fire_event(event)
+
+    __slots__ = ("engine", "events", "handlers")
+
+    def __init__(self, engine: Engine, events: tuple[Any, ...]) -> None:
+        self.engine, self.events = engine, events
+        self.handlers: tuple[list, ...] = ()
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Look each event's handler list up again."""
+        lists = self.engine._event_handlers  # a defaultdict: an event without handlers gets the list they will join
+        self.handlers = tuple(lists[event] for event in self.events)
+
+    def fire(self, index: int) -> None:
+        """Fire ``events[index]``: its handlers run, and ``engine.last_event_name`` is the event while they do.
+
+        Callers on the hot path call this only where ``handlers[index]`` is not empty: with no handler, the event's
+        name in ``last_event_name`` could be read by nothing before ignite's next event replaces it.
+        """
+        engine, event = self.engine, self.events[index]
+        engine.last_event_name = event
+        if self.handlers[index]:
+            engine._fire_event(event)

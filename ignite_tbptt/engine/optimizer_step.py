@@ -47,7 +47,8 @@ class OptimizerStep:
         self.distributed = False  # whether gradients are summed over processes, set when a run starts
         # Without a scaler: whether the optimizer skips a step on the device, given optimizer.found_inf.
         self.skips_on_device = scaler is None and skips_on_device(optimizer)
-        self._found_inf: list[tuple[torch.Tensor, tuple]] = []  # device decisions not yet read, with their step
+        # Device decisions not yet read, with the position of their step.
+        self._found_inf: list[tuple[torch.Tensor, tuple[int, int, int, int, int]]] = []
         self._due: torch.Tensor | None = None  # the decision of the prepared step, handed to the optimizer
 
     def parameters(self) -> list[torch.Tensor]:
@@ -108,8 +109,8 @@ class OptimizerStep:
             ProcessesDisagree: in a distributed run, if the processes are at different steps.
         """
         targets, backward_mean = self.targets, self.backward_mean
-        where = (position[4], position[3], position[2])  # the step, its window and iteration
-        self.reset()
+        self.accumulated = self.targets = 0  # reset(), inline: once a step
+        self.backward_mean, self._due = False, None
         if self.distributed:  # every process must be at the same step: checked with the target counts
             targets = self.synchronise((distributed.STEP, *position), targets)
             if targets:
@@ -119,17 +120,17 @@ class OptimizerStep:
         divisor = 1 if backward_mean else targets
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
-        grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = [g for group in self.optimizer.param_groups for p in group["params"] if (g := p.grad) is not None]
         if grads:
             if self.scaler is not None:  # the scaler checked them while unscaling
                 if divisor != 1:
                     torch._foreach_div_(grads, divisor)
             elif self.skips_on_device:
-                earlier = self._found_inf[-1][0] if self._found_inf else None
-                self._due = divide_and_check(grads, divisor, earlier)
-                self._found_inf.append((self._due, where))
+                found_inf = self._found_inf
+                self._due = divide_and_check(grads, divisor, found_inf[-1][0] if found_inf else None)
+                found_inf.append((self._due, position))
             elif divide_and_check(grads, divisor).item():  # one read per step, as GradScaler makes
-                raise _non_finite(_where(*where))
+                raise _non_finite(_where(position))
         return targets
 
     def apply(self) -> bool:
@@ -183,8 +184,8 @@ class OptimizerStep:
         if not decisions[-1][0].item():
             return None
         refused = torch.stack([found for found, _ in decisions]).tolist()
-        first = next((counters for value, (_, counters) in zip(refused, decisions) if value), None)
-        return None if first is None else _non_finite(_where(*first), later_skipped=True)
+        first = next((position for value, (_, position) in zip(refused, decisions) if value), None)
+        return None if first is None else _non_finite(_where(first), later_skipped=True)
 
     def state_dict(self) -> dict[str, Any]:
         """Accumulated windows, their target count and gradients, and the scaler's state."""
@@ -214,8 +215,9 @@ class OptimizerStep:
             self.scaler.load_state_dict(state["scaler"])
 
 
-def _where(step: int, window: int, iteration: int) -> str:
-    return f"optimizer step {step} (window {window}, iteration {iteration})"
+def _where(position: tuple[int, int, int, int, int]) -> str:
+    # position: (epoch_length or -1, epoch, iteration, window, step), as prepare() takes it.
+    return f"optimizer step {position[4]} (window {position[3]}, iteration {position[2]})"
 
 
 def _non_finite(where: str, later_skipped: bool = False) -> FloatingPointError:

@@ -18,7 +18,7 @@ from ..runtime.compiled import retainable
 from ..runtime.sharded import is_sharded, sum_gradients
 from . import distributed
 from .checkpoint import check_resume, configuration, source_type
-from .events import COUNTERS, TBPTTEvents, fire, listened, register_tbptt_events
+from .events import COUNTERS, EventFiring, TBPTTEvents, register_tbptt_events
 from .optimizer_step import OptimizerStep
 from .stream_loop import CompletedWindow, StreamLoop
 
@@ -187,6 +187,7 @@ class TBPTTStep:
 
     def _started(self, engine: Engine) -> None:
         loop = self.loop
+        loop.listener.events.refresh()  # handler lists that removals replaced since the last run
         loop.failed = None  # an interrupted run's refused step is not this run's
         self.optimizer_step.failure()  # nor are its device decisions
         self.optimizer_step.distributed = distributed.is_distributed()
@@ -242,7 +243,7 @@ class TBPTTStep:
         ended = self.loop.stream.position > 0  # the first call of the epoch: the second finds the stream reset
         self.loop.end_stream()
         if ended and self.optimizer_step.distributed:  # a process with fewer batches is found here at the latest
-            position = _EngineListener(engine, self).position()
+            position = self.loop.listener.position()
             self.optimizer_step.synchronise((distributed.EPOCH_END, *position[:-1], engine.state.optimizer_step), 0)
 
     def configuration(self) -> dict[str, Any]:
@@ -309,20 +310,36 @@ class TBPTTStep:
         return self.output_transform(x, y, hs.cat(result.predictions, self.time_dim), loss)
 
 
+# The events a window fires, in the order of their indices in _EngineListener's EventFiring.
+_WINDOW_EVENTS = (
+    TBPTTEvents.WINDOW_STARTED,
+    Tbptt_Events.TIME_ITERATION_STARTED,
+    TBPTTEvents.OPTIMIZER_STEP_STARTED,
+    TBPTTEvents.OPTIMIZER_STEP_COMPLETED,
+    TBPTTEvents.WINDOW_COMPLETED,
+    Tbptt_Events.TIME_ITERATION_COMPLETED,
+)
+_STARTED, _TIME_STARTED, _STEP_STARTED, _STEP_COMPLETED, _COMPLETED, _TIME_COMPLETED = range(len(_WINDOW_EVENTS))
+
+
 class _EngineListener:
     """Turns what the stream loop reports into ``engine.state`` and ignite's events (the loop's ``LoopListener``)."""
 
-    __slots__ = ("engine", "step")
+    __slots__ = ("engine", "step", "events")
 
     def __init__(self, engine: Engine, step: TBPTTStep) -> None:
         self.engine, self.step = engine, step
+        self.events = EventFiring(engine, _WINDOW_EVENTS)
 
     def window_started(self) -> int:
-        engine = self.engine
-        engine.state.window += 1
-        fire(engine, TBPTTEvents.WINDOW_STARTED)
-        fire(engine, Tbptt_Events.TIME_ITERATION_STARTED)
-        return engine.state.window
+        state = self.engine.state
+        state.window += 1
+        events = self.events
+        if events.handlers[_STARTED]:
+            events.fire(_STARTED)
+        if events.handlers[_TIME_STARTED]:
+            events.fire(_TIME_STARTED)
+        return state.window
 
     def window_closed(self, reach: dict[int, float] | None) -> None:
         self.engine.state.gradient_reach = reach  # before the step, for its handlers too
@@ -336,27 +353,33 @@ class _EngineListener:
         return length, state.epoch, state.iteration, state.window, state.optimizer_step + 1
 
     def step_started(self, targets: int) -> None:
-        engine = self.engine
-        engine.state.step_targets = targets
-        engine.state.optimizer_step += 1
-        fire(engine, TBPTTEvents.OPTIMIZER_STEP_STARTED)
+        state = self.engine.state
+        state.step_targets = targets
+        state.optimizer_step += 1
+        if self.events.handlers[_STEP_STARTED]:
+            self.events.fire(_STEP_STARTED)
 
     def step_completed(self) -> None:
-        fire(self.engine, TBPTTEvents.OPTIMIZER_STEP_COMPLETED)
+        if self.events.handlers[_STEP_COMPLETED]:
+            self.events.fire(_STEP_COMPLETED)
 
     def window_completed(self, window: CompletedWindow) -> None:
-        engine = self.engine
+        engine, events = self.engine, self.events
         state = engine.state
         state.window_loss = window.loss.mean()
         state.window_targets = window.loss.targets
         state.window_bounds = (window.start, window.end, window.cut)
-        if listened(engine, TBPTTEvents.WINDOW_COMPLETED, Tbptt_Events.TIME_ITERATION_COMPLETED):
+        completed, time_completed = events.handlers[_COMPLETED], events.handlers[_TIME_COMPLETED]
+        if completed or time_completed:
             # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float
             # (a read from the device, so only for handlers).
             state.output = float(state.window_loss)
-        self.step.window_source.observe(engine)  # a source that learns from the window does so before handlers read
-        fire(engine, TBPTTEvents.WINDOW_COMPLETED)
-        fire(engine, Tbptt_Events.TIME_ITERATION_COMPLETED)
+        # A source that learns from the window does so before handlers read.
+        self.step.loop.planner.source.observe(engine)
+        if completed:
+            events.fire(_COMPLETED)
+        if time_completed:
+            events.fire(_TIME_COMPLETED)
 
 
 def _zero_counters(engine: Engine) -> None:

@@ -290,8 +290,9 @@ class StreamLoop:
         Raises:
             ProcessesDisagree: in a distributed run whose processes are at different steps.
         """
-        if self.history.segments:
-            self.history.versions.freeze()
+        history = self.stream.history
+        if history.segments:
+            history.versions.freeze()
         try:
             if profiling():
                 with profiled("tbptt.optimizer_step"):
@@ -301,7 +302,7 @@ class StreamLoop:
         except FloatingPointError as error:
             # No window runs after this one; the iteration ends with a NaN output, and the error is raised
             # when anything would run next, unless a handler (TerminateOnNan) ends the run first.
-            self.history.clear()
+            history.clear()
             self.failed = error
 
     def _step(self) -> None:

@@ -72,28 +72,18 @@ class SegmentPlan(NamedTuple):
     #: The window's backward sweep passes through it, so it joins the retained history: it owes its loss's
     #: gradient, or gradient flows into its input hidden state.
     joins_history: bool
+    #: The segment is its window: its loss is the only one the window backpropagates. Paid at once or in the
+    #: window's sweep alike: retained segments of earlier windows that the sweep passes through bring no loss of
+    #: their own, their windows paid it.
+    whole_window: bool
+    #: Its loss is backpropagated to its predictions at once and their gradient owed to the sweep (per-token
+    #: backward: the loss graph, a large vocabulary's log-softmax say, is freed right away).
+    detaches_predictions: bool
 
     @property
     def loss_owed(self) -> bool:
         """Whether the gradient of its predictions waits for the window's backward sweep."""
         return not self.backward_now
-
-    @property
-    def whole_window(self) -> bool:
-        """Whether the segment is its window: its loss is the only one the window backpropagates.
-
-        Paid at once or in the window's sweep alike: retained segments of earlier windows that the sweep passes
-        through bring no loss of their own, their windows paid it.
-        """
-        return self.opens_window and self.closes_window and not self.own_loss_only
-
-    @property
-    def detaches_predictions(self) -> bool:
-        """Whether its loss is backpropagated to its predictions at once and their gradient owed to the sweep.
-
-        Per-token backward: the loss graph (a large vocabulary's log-softmax, say) is freed right away.
-        """
-        return not self.backward_now and not self.loss_in_sweep
 
 
 def plan_segment(
@@ -164,6 +154,8 @@ def plan_segment(
     keep_weights = reached_later and not deferred
     opens_window = step == window.start
     hidden_requires_grad = step > lowest_cut or (recorded and not own_loss_only)
+    loss_in_sweep = not backward_now and closes_window and not deferred
+    whole_window = opens_window and closes_window and not own_loss_only
     # In the fields' order: keyword arguments would double the cost of the tuple, made once per model call.
     return SegmentPlan(
         step,
@@ -178,7 +170,9 @@ def plan_segment(
         reached_later,
         keep_weights,
         hidden_requires_grad,
-        not backward_now and closes_window and not deferred,
-        one_window_per_step and opens_window and closes_window and not own_loss_only,
+        loss_in_sweep,
+        one_window_per_step and whole_window,
         not own_loss_only and (not backward_now or hidden_requires_grad),
+        whole_window,
+        not backward_now and not loss_in_sweep,
     )

@@ -178,7 +178,8 @@ class RetainedHistory:
 
     def starts(self) -> list[int]:
         """The first step of each retained segment, oldest first, as :func:`~ignite_tbptt.planning.plan_close` takes."""
-        return [segment.start for segment in self.segments]
+        segments = self.segments
+        return [segment.start for segment in segments] if segments else []  # none at k1 = k2: no comprehension
 
     def backward(self, plan: ClosePlan, reach: list | None = None) -> None:
         """The backward sweep of a window as ``plan`` says, then drop the segments the next window does not reach.

@@ -47,7 +47,11 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
         A float32 0-dim tensor on the first gradient's device: 1.0 if any gradient (or ``earlier``) is non-finite.
     """
     first = grads[0]
-    if first.dtype in _SCALED_DTYPES and _alike(grads, first) and (earlier is None or _same_device(earlier, first)):
+    if (
+        first.dtype in _SCALED_DTYPES
+        and _alike(grads, first)
+        and (earlier is None or earlier.is_cpu and first.is_cpu or earlier.device == first.device)
+    ):
         # The usual case, one kernel: dense gradients of one dtype on one device.
         found = earlier.clone() if earlier is not None else torch.zeros((), device=first.device)
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(first.device, divisor))
@@ -87,10 +91,6 @@ def _alike(grads: list[torch.Tensor], first: torch.Tensor) -> bool:
         if g.is_sparse or g.dtype is not dtype or g.is_cpu is not cpu:
             return False
     return cpu or all(g.device == first.device for g in grads)
-
-
-def _same_device(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.is_cpu and b.is_cpu or a.device == b.device
 
 
 @functools.lru_cache(maxsize=64)

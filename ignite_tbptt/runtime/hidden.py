@@ -79,20 +79,22 @@ def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
     Returns:
         The new tree and its tensors in ``flatten`` order.
     """
-
-    def leaf(t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
-        return t.requires_grad_() if requires_grad and (t.is_floating_point() or t.is_complex()) else t
-
     if isinstance(tree, torch.Tensor):  # nn.RNN and nn.GRU: one model call each, so the shortest path
-        t = leaf(tree)
+        t = tree.detach()
+        if requires_grad and (t.is_floating_point() or t.is_complex()):
+            t.requires_grad_()
         return t, [t]
     plain = _plain(tree)
     if plain is not None:
-        leaves = [leaf(t) for t in plain]
-        return (leaves[0] if isinstance(tree, torch.Tensor) else tuple(leaves)), leaves
-    new = pytree.tree_map_only(torch.Tensor, leaf, tree)
+        leaves = [_leaf(t, requires_grad) for t in plain]
+        return tuple(leaves), leaves
+    new = pytree.tree_map_only(torch.Tensor, lambda t: _leaf(t, requires_grad), tree)
     return new, flatten(new)
+
+
+def _leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    t = t.detach()
+    return t.requires_grad_() if requires_grad and (t.is_floating_point() or t.is_complex()) else t
 
 
 def detached(tree: Any) -> Any:

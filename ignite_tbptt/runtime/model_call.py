@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
+from operator import attrgetter
 from typing import Any
 
 import torch
@@ -15,6 +16,9 @@ from .in_place import find_write, mentions_in_place, written_leaf
 from .module_state import ModuleState
 from .reset import default_reset_hidden, reset_to
 from .weight_versions import ParameterVersions
+
+# A tensor's version counter, which every in-place write bumps.
+_VERSION = attrgetter("_version")
 
 __all__ = ["ModelCall", "build_model_call", "default_model_fn", "autocast_for", "device_type_of"]
 
@@ -116,8 +120,8 @@ class ModelCall:
             ValueError: if the hidden state changed structure or shape.
             StateWrittenInPlace: if the model wrote into a tensor of ``hidden`` in place.
         """
-        tensors = hs.tensors(hidden)
-        versions_before = [t._version for t in tensors]
+        tensors = (hidden,) if isinstance(hidden, torch.Tensor) else hs.tensors(hidden)
+        versions_before = list(map(_VERSION, tensors))  # no comprehension's frame: once a call
         try:
             if versions is None and not self.autocasts:  # k2 <= k1 without autocast: no context to enter
                 if self._direct and hidden is not None and starts is None:
@@ -134,10 +138,8 @@ class ModelCall:
                 if found is not None:
                     raise found from error
             raise
-        if tensors:
-            for t, version in zip(tensors, versions_before):
-                if t._version != version:
-                    raise written_leaf(hidden, tensors, versions_before)
+        if tensors and list(map(_VERSION, tensors)) != versions_before:
+            raise written_leaf(hidden, tensors, versions_before)
         if not isinstance(output, (tuple, list)) or len(output) != 2:
             raise TypeError(
                 "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "
