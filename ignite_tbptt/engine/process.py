@@ -85,6 +85,7 @@ class TBPTTStep:
         self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
         self.output_transform = output_transform
         self._engine: Engine | None = None
+        self._listener: _EngineListener | None = None  # the loop's listener, once attached to an engine
         self._loaded: dict | None = None
         # The loaded checkpoint's configuration, and where its windows are still to be compared with this trainer's
         # (the epoch's end or not), until the run starts: None if they were compared when it loaded.
@@ -176,7 +177,7 @@ class TBPTTStep:
         engine.add_event_handler(Events.EPOCH_STARTED, self._epoch_started)
         engine.add_event_handler(Events.EPOCH_COMPLETED, self.end_epoch)
         self._engine = engine
-        self.loop.listener = _EngineListener(engine, self)
+        self._listener = self.loop.listener = _EngineListener(engine, self)
         self.window_source.connect(engine, self)
 
     def _attach_late(self, engine: Engine) -> None:
@@ -187,7 +188,7 @@ class TBPTTStep:
 
     def _started(self, engine: Engine) -> None:
         loop = self.loop
-        loop.listener.events.refresh()  # handler lists that removals replaced since the last run
+        self._listener.events.refresh()  # handler lists that removals replaced since the last run
         loop.failed = None  # an interrupted run's refused step is not this run's
         self.optimizer_step.failure()  # nor are its device decisions
         self.optimizer_step.distributed = distributed.is_distributed()
@@ -243,7 +244,7 @@ class TBPTTStep:
         ended = self.loop.stream.position > 0  # the first call of the epoch: the second finds the stream reset
         self.loop.end_stream()
         if ended and self.optimizer_step.distributed:  # a process with fewer batches is found here at the latest
-            position = self.loop.listener.position()
+            position = self._listener.position()
             self.optimizer_step.synchronise((distributed.EPOCH_END, *position[:-1], engine.state.optimizer_step), 0)
 
     def configuration(self) -> dict[str, Any]:

@@ -36,3 +36,37 @@ def test_filters_counters_and_handlers_added_mid_run():
     assert seen["chunks"] == 8
     assert seen["late"] == [3, 4, 5, 6, 7, 8]
     assert seen["names"] == {TBPTTEvents.OPTIMIZER_STEP_STARTED}
+
+
+def test_handlers_removed_and_attached_mid_run_fire_as_on_ignite_events():
+    # The trainer keeps each event's handler list; ignite's remove_event_handler replaces that list. A handler
+    # removed mid-run must stop, and one attached after the removal must run, from the next window on.
+    torch.manual_seed(0)
+    model = Net().double()
+    trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, 2, 2)
+    seen = {"first": [], "second": [], "unheard": []}
+
+    def first(engine):
+        seen["first"].append(engine.state.window)
+
+    def second(engine):
+        seen["second"].append(engine.state.window)
+
+    trainer.add_event_handler(TBPTTEvents.WINDOW_STARTED, first)
+
+    @trainer.on(TBPTTEvents.WINDOW_COMPLETED(once=2))
+    def swap(engine):
+        if not engine.has_event_handler(first, TBPTTEvents.WINDOW_STARTED):
+            return  # the second run: swapped already
+        engine.remove_event_handler(first, TBPTTEvents.WINDOW_STARTED)
+        engine.add_event_handler(TBPTTEvents.WINDOW_STARTED, second)
+        # An event nothing listened to until now.
+        engine.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_COMPLETED, lambda e: seen["unheard"].append(e.state.window))
+
+    state = trainer.run(make_batches([8]))  # 4 windows of 2 steps, a step each
+    assert state.window == 4
+    assert seen["first"] == [1, 2] and seen["second"] == [3, 4] and seen["unheard"] == [3, 4]
+    # A second run starts from the engine's current lists.
+    seen.update(first=[], second=[], unheard=[])
+    trainer.run(make_batches([4]), max_epochs=1)
+    assert seen["first"] == [] and seen["second"] == [1, 2] and seen["unheard"] == [1, 2]
