@@ -106,12 +106,9 @@ class EventFiring:
         self.handlers = tuple(lists[event] for event in self.events)
 
     def fire(self, index: int) -> None:
-        """Fire ``events[index]``: its handlers run, and ``engine.last_event_name`` is the event while they do.
+        """Fire ``events[index]``: its handlers run, ``engine.last_event_name`` the event (``_fire_event`` sets it).
 
-        Callers on the hot path call this only where ``handlers[index]`` is not empty: with no handler, the event's
-        name in ``last_event_name`` could be read by nothing before ignite's next event replaces it.
+        Call it where ``handlers[index]`` is not empty: an event without handlers is not fired at all, since its name
+        in ``last_event_name`` could be read by nothing before ignite's next event replaces it.
         """
-        engine, event = self.engine, self.events[index]
-        engine.last_event_name = event
-        if self.handlers[index]:
-            engine._fire_event(event)
+        self.engine._fire_event(self.events[index])

@@ -109,8 +109,7 @@ class OptimizerStep:
             ProcessesDisagree: in a distributed run, if the processes are at different steps.
         """
         targets, backward_mean = self.targets, self.backward_mean
-        self.accumulated = self.targets = 0  # reset(), inline: once a step
-        self.backward_mean, self._due = False, None
+        self.reset()
         if self.distributed:  # every process must be at the same step: checked with the target counts
             targets = self.synchronise((distributed.STEP, *position), targets)
             if targets:

@@ -80,9 +80,7 @@ def as_leaves(tree: Any, requires_grad: bool) -> tuple[Any, list[torch.Tensor]]:
         The new tree and its tensors in ``flatten`` order.
     """
     if isinstance(tree, torch.Tensor):  # nn.RNN and nn.GRU: one model call each, so the shortest path
-        t = tree.detach()
-        if requires_grad and (t.is_floating_point() or t.is_complex()):
-            t.requires_grad_()
+        t = _leaf(tree, requires_grad)
         return t, [t]
     plain = _plain(tree)
     if plain is not None:

@@ -120,7 +120,7 @@ class ModelCall:
             ValueError: if the hidden state changed structure or shape.
             StateWrittenInPlace: if the model wrote into a tensor of ``hidden`` in place.
         """
-        tensors = (hidden,) if isinstance(hidden, torch.Tensor) else hs.tensors(hidden)
+        tensors = hs.tensors(hidden)
         versions_before = list(map(_VERSION, tensors))  # no comprehension's frame: once a call
         try:
             if versions is None and not self.autocasts:  # k2 <= k1 without autocast: no context to enter
