@@ -14,7 +14,7 @@ from pathlib import Path
 from benchmarks.report import markdown_table
 from benchmarks.tradeoff.online import online_truncations
 from benchmarks.tradeoff.online_tasks import ONLINE_TASKS
-from benchmarks.tradeoff.report import _link, colour, compare, grouped, head, save, spread
+from benchmarks.tradeoff.report import _link, colour, compare, grouped, head, save, spread, verdict
 
 STYLE = {"k1 = k2": "-", "k2 > k1": "--", "random": ":", "unbiased": "-.", "adaptive": ":", "per-token": "-"}
 SINGLE = {"random": "tab:green", "unbiased": "tab:purple", "adaptive": "tab:brown", "per-token": "tab:red"}
@@ -42,6 +42,11 @@ def summarise(runs: list[dict]) -> dict[str, dict[str, dict]]:
 def ordered(task: str, rows: dict[str, dict]) -> list[str]:
     """The task's truncations in the study's order, those with results only."""
     return [t.name for t in online_truncations(ONLINE_TASKS[task].ks) if t.name in rows]
+
+
+def k1_k2(task: str) -> dict[str, tuple[int, int]]:
+    """Each of the task's truncations' ``(k1, k2)``, by name."""
+    return {t.name: (t.k1, t.k2) for t in online_truncations(ONLINE_TASKS[task].ks)}
 
 
 def table(task: str, rows: dict[str, dict]) -> str:
@@ -72,12 +77,13 @@ def findings(task: str, rows: dict[str, dict]) -> list[str]:
     fixed = {k: rows.get(f"TBPTT({k}, {k})") for k in ks}
     best = min(rows, key=lambda n: rows[n]["mean"])
     lines = [f"Best over the whole stream: {best}, {rows[best]['mean']:.4f} {ONLINE_TASKS[task].unit}."]
+    pairs_of = k1_k2(task)
     for name in ordered(task, rows):
         s = rows[name]
         if s["family"] in ("k2 > k1", "per-token"):
             # Against k1 = k2 at the same reach, and at the same update interval (where there is one): per
             # observation, the first asks what updating more often gives, the second what the longer reach does.
-            k1, k2 = (int(k) for k in name[len("TBPTT(") : -1].split(", "))
+            k1, k2 = pairs_of[name]
             for k in dict.fromkeys((k2, k1)):
                 reference = fixed.get(k)
                 if reference:
@@ -89,11 +95,6 @@ def findings(task: str, rows: dict[str, dict]) -> list[str]:
         elif s["family"] in ("random", "unbiased", "adaptive") and fixed.get(ks[2]):
             lines.append(f"{name} against TBPTT({ks[2]}, {ks[2]}): {compare(s, fixed[ks[2]])}.")
     return lines
-
-
-def _clear(a: dict, b: dict) -> int:
-    """-1 if ``a`` is clearly lower than ``b`` (the seeds' ranges apart), 1 if clearly higher, else 0."""
-    return -1 if a["high"] < b["low"] else 1 if b["high"] < a["low"] else 0
 
 
 def answer(summary: dict[str, dict[str, dict]]) -> list[str]:
@@ -115,16 +116,17 @@ def answer(summary: dict[str, dict[str, dict]]) -> list[str]:
         if rows[best]["family"] == "per-token" and fixed.get(ks[1]):
             line += f"; {rows[best]['seconds'] / fixed[ks[1]]['seconds']:.0f}x the seconds of TBPTT({ks[1]}, {ks[1]})"
         lines.append(line + ".")
+        pairs_of = k1_k2(task)
         for name in ordered(task, rows):
             if rows[name]["family"] != "k2 > k1":
                 continue
-            k1, k2 = (int(k) for k in name[len("TBPTT(") : -1].split(", "))
+            k1, k2 = pairs_of[name]
             for k, pairs in ((k1, same_k1), (k2, same_k2)):
                 if fixed.get(k):
                     pairs.append((task, name, f"TBPTT({k}, {k})", rows[name], fixed[k]))
 
     def tally(pairs: list, what: str) -> str:
-        verdicts = [_clear(s, ref) for *_, s, ref in pairs]
+        verdicts = [verdict(s, ref) for *_, s, ref in pairs]
         better = [
             f"{name} on {task} ({s['mean']:.3f} against {ref['mean']:.3f} for {reference}, "
             f"{s['seconds'] / ref['seconds']:.1f}x the seconds)"

@@ -84,12 +84,16 @@ def table(task: str, rows: dict[str, dict]) -> str:
     return markdown_table(header, body)
 
 
+def verdict(a: dict, b: dict) -> int:
+    """-1 if ``a`` is clearly lower than ``b`` (the seeds' ranges apart), 1 if clearly higher, 0 within the spread."""
+    return -1 if a["high"] < b["low"] else 1 if b["high"] < a["low"] else 0
+
+
 def compare(a: dict, b: dict) -> str:
     """``a`` against ``b``: the difference of the means, and whether the seeds' ranges separate them."""
     diff = a["mean"] - b["mean"]
-    clear = a["high"] < b["low"] or b["high"] < a["low"]
     word = "lower" if diff < 0 else "higher"
-    return f"{abs(diff):.3f} {word}" + ("" if clear else " (within the seeds' spread)")
+    return f"{abs(diff):.3f} {word}" + ("" if verdict(a, b) else " (within the seeds' spread)")
 
 
 def findings(task: str, rows: dict[str, dict]) -> list[str]:

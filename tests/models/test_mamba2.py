@@ -109,20 +109,26 @@ def reference_gradient(model, batches, k1=None):
     return [p.grad / y.numel() for p in model.parameters()]
 
 
-def trainer_gradient(model, batches, k1, k2):
-    """The gradient of the trainer's one optimizer step (learning rate 0, every window accumulated into it)."""
-    trainer = create_tbptt_trainer(
+def mamba2_trainer(model, optimizer, k1, k2, model_fn=mamba2_model_fn, **options):
+    """The trainer as the adapter is used: batch-first, one carried stream, Mamba2's call and reset."""
+    return create_tbptt_trainer(
         model,
-        torch.optim.SGD(model.parameters(), lr=0.0),
+        optimizer,
         cross_entropy,
         k1,
         k2,
         time_dim=1,
         carry_hidden=True,
-        gradient_accumulation_steps=100,
-        model_fn=mamba2_model_fn,
+        model_fn=model_fn,
         reset_hidden=mamba2_reset_hidden,
+        **options,
     )
+
+
+def trainer_gradient(model, batches, k1, k2):
+    """The gradient of the trainer's one optimizer step (learning rate 0, every window accumulated into it)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    trainer = mamba2_trainer(model, optimizer, k1, k2, gradient_accumulation_steps=100)
     steps = []
     trainer.add_event_handler(
         TBPTTEvents.OPTIMIZER_STEP_STARTED, lambda e: steps.append([p.grad.clone() for p in model.parameters()])
@@ -231,17 +237,8 @@ def test_the_evaluator_resets_documents_as_their_own_forward_from_zeros():
 def test_a_one_step_segment_with_a_state_is_refused_before_the_model_runs_it():
     model = build_model()
     before = copy.deepcopy(model)
-    trainer = create_tbptt_trainer(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        cross_entropy,
-        4,
-        5,  # the next window's cut, one step before this one's end, splits [0, 4) into [0, 3) and [3, 4)
-        time_dim=1,
-        carry_hidden=True,
-        model_fn=mamba2_model_fn,
-        reset_hidden=mamba2_reset_hidden,
-    )
+    # k2 = 5: the next window's cut, one step before this one's end, splits [0, 4) into [0, 3) and [3, 4).
+    trainer = mamba2_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 4, 5)
     with pytest.raises(ValueError, match=r"a segment of one step \(x of shape \(3, 1\)\).*k1 >= 2"):
         trainer.run(make_batches())
     assert largest_difference(list(model.parameters()), list(before.parameters())) == 0
@@ -302,17 +299,7 @@ def test_one_cache_reused_across_calls_is_refused_by_the_trainer():
         logits = model(x, cache=cache, use_cache=True).logits
         return logits, tuple((layer.conv_states[0], layer.recurrent_states[0]) for layer in cache.layers)
 
-    trainer = create_tbptt_trainer(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        cross_entropy,
-        4,
-        8,
-        time_dim=1,
-        carry_hidden=True,
-        model_fn=reusing_model_fn,
-        reset_hidden=mamba2_reset_hidden,
-    )
+    trainer = mamba2_trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), 4, 8, model_fn=reusing_model_fn)
     with pytest.raises(StateWrittenInPlace, match=r"the model wrote in place into state\[0\]\[0\]"):
         trainer.run(make_batches())
 
@@ -324,18 +311,6 @@ def test_a_mid_epoch_resume_continues_bit_identically(tmp_path):
     def build():
         model = build_model(torch.float32)
         optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-        trainer = create_tbptt_trainer(
-            model,
-            optimizer,
-            cross_entropy,
-            4,
-            6,
-            time_dim=1,
-            carry_hidden=True,
-            deterministic=True,
-            model_fn=mamba2_model_fn,
-            reset_hidden=mamba2_reset_hidden,
-        )
-        return model, optimizer, trainer
+        return model, optimizer, mamba2_trainer(model, optimizer, 4, 6, deterministic=True)
 
     assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=2, epochs=2)
