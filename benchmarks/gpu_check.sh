@@ -12,7 +12,9 @@
 #   4. the profile of one configuration (benchmarks.profile), the trainer's ranges first;
 #   5. the main job on the device for one epoch, its bits per character and time, eager and with --cuda-graphs
 #      (k1 = k2 = 50, its default; not in the dry run: the CPU has no graphs).
-# A step that fails does not stop the others; the script exits non-zero if any failed, naming them.
+# A step that fails, or runs past its time limit (STEP_LIMIT seconds, the tests TEST_LIMIT), does not stop the others;
+# the script exits non-zero if any failed, naming them. Where pytest-xdist is installed the tests run in WORKERS
+# processes (default 8) sharing the GPU; where pytest-timeout is, a test that hangs fails after 120 s.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,20 +30,28 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 else
     DEVICE=${DEVICE:-cuda}
     TESTS=(tests/engine tests/handlers tests/runtime tests/data tests/planning tests/examples)
-    SIZES=(--hidden 1024 --layers 2 --vocab 10000 --batch 64 --steps 600 --repeats 3)
+    SIZES=(--hidden 1024 --layers 2 --vocab 10000 --batch 64 --steps 600 --repeats 3 --pairs 25/25 25/50 10/40 20/30)
     PROFILE=(--hidden 1024 --layers 2 --vocab 10000 --batch 64 --k1 25 --k2 50 --fused)
     MAIN=(--epochs 1 --checkpoint-every 0 --no-progress)
     GRAPHS=(--repeats 5)
+fi
+STEP_LIMIT=${STEP_LIMIT:-240}
+TEST_LIMIT=${TEST_LIMIT:-300}
+PYTEST_EXTRA=()
+if [[ "$DEVICE" != cpu ]]; then
+    "$PYTHON" -c "import xdist" 2>/dev/null && PYTEST_EXTRA+=(-n "${WORKERS:-8}")
+    "$PYTHON" -c "import pytest_timeout" 2>/dev/null && PYTEST_EXTRA+=(--timeout 120)
 fi
 mkdir -p "$OUT"
 failed=()
 
 step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT/NAME.log
-    local name=$1
+    local name=$1 limit=$STEP_LIMIT
     shift
+    [[ $name == tests ]] && limit=$TEST_LIMIT
     echo "== $name: $*"
     local start=$SECONDS
-    if "$@" 2>&1 | tee "$OUT/$name.log"; then
+    if timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"; then
         echo "== $name: done in $((SECONDS - start)) s"
     else
         echo "== $name: FAILED after $((SECONDS - start)) s"
@@ -49,9 +59,11 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
     fi
 }
 
-# -v prints each test's outcome as it ends; the filter keeps the failures, so each is seen when it happens.
-step tests bash -c "$PYTHON -m pytest --device $DEVICE -p no:cacheprovider -v --tb=line ${TESTS[*]} \
-    | grep -E --line-buffered 'FAILED|ERROR|passed|failed|error' ; exit \${PIPESTATUS[0]}"
+# -v prints each test's outcome as it ends; the filter keeps the failures, so each is seen when it happens. The whole
+# output, tracebacks included, goes to $OUT/tests-full.log.
+step tests bash -c "$PYTHON -m pytest --device $DEVICE -p no:cacheprovider -o addopts= -v --tb=short -rfE ${PYTEST_EXTRA[*]} \
+    ${TESTS[*]} | tee $OUT/tests-full.log | grep -E --line-buffered 'FAILED|ERROR|passed|failed|error' ; \
+    exit \${PIPESTATUS[0]}"
 step table-float32 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \
     --out "$OUT/table-float32.json" --markdown "$OUT/table-float32.md"
 step table-bfloat16 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \
