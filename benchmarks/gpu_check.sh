@@ -11,7 +11,8 @@
 #   3. the launch-bound table (benchmarks.graphs): a GRU of 8 units, eager loops against CUDA graphs;
 #   4. the profile of one configuration (benchmarks.profile), the trainer's ranges first;
 #   5. the main job on the device for one epoch, its bits per character and time, eager and with --cuda-graphs
-#      (k1 = k2 = 50, its default; not in the dry run: the CPU has no graphs).
+#      (k1 = k2 = 50, its default; not in the dry run: the CPU has no graphs);
+#   6. the page (benchmarks.cuda_page): $OUT/benchmarks-cuda.md, to copy to docs/benchmarks-cuda.md.
 # A step that fails, or runs past its time limit (STEP_LIMIT seconds, the tests TEST_LIMIT), does not stop the others;
 # the script exits non-zero if any failed, naming them. Where pytest-xdist is installed the tests run in WORKERS
 # processes (default 8) sharing the GPU; where pytest-timeout is, a test that hangs fails after 120 s.
@@ -43,6 +44,7 @@ if [[ "$DEVICE" != cpu ]]; then
     "$PYTHON" -c "import pytest_timeout" 2>/dev/null && PYTEST_EXTRA+=(--timeout 120)
 fi
 mkdir -p "$OUT"
+rm -f "$OUT/steps.tsv"
 failed=()
 
 step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT/NAME.log
@@ -53,8 +55,10 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
     local start=$SECONDS
     if timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"; then
         echo "== $name: done in $((SECONDS - start)) s"
+        printf '%s\tdone\t%s\n' "$name" $((SECONDS - start)) >>"$OUT/steps.tsv"
     else
         echo "== $name: FAILED after $((SECONDS - start)) s"
+        printf '%s\tFAILED\t%s\n' "$name" $((SECONDS - start)) >>"$OUT/steps.tsv"
         failed+=("$name")
     fi
 }
@@ -75,6 +79,9 @@ if [[ "$DEVICE" == cuda* ]]; then
     step main-job-graphs "$PYTHON" -m ignite_tbptt.examples.char_lm --device "$DEVICE" --cuda-graphs \
         --logdir "$OUT/runs-graphs" "${MAIN[@]}"
 fi
+
+# The page: docs/benchmarks-cuda.md's text, from what the steps left (copy it there after a run on a GPU).
+step page "$PYTHON" -m benchmarks.cuda_page "$OUT" --out "$OUT/benchmarks-cuda.md"
 
 if ((${#failed[@]})); then
     echo "== failed: ${failed[*]}"

@@ -7,9 +7,20 @@ so that the models, states and batches the tests make are created there, as ``to
 does (PyTorch's own device-generic tests, ``common_device_type.py``, are the model). Tests that cannot run there
 (other processes, the docs build, the benchmarks' and notebooks' runs) are skipped with their reason; a test marks
 itself ``@pytest.mark.cpu_only("why")`` for the same. The default is ``cpu``: the suite as CI runs it.
+
+On another device, three more things hold:
+
+- the tensors a test module makes when it is imported (its constants, and tensors given to ``parametrize``) are
+  moved to the device before the tests run, as if they had been made in the test;
+- a test marked ``@pytest.mark.explicit_device`` runs without the default device and puts its model and batches
+  on the ``device`` fixture itself, as a user does: under a default device, tensors the library makes on the CPU on
+  purpose land on the device, and each ``Tensor.item()`` passes torch's device mode once more (counting host
+  reads, this would count each twice);
+- cuDNN runs its deterministic algorithms, so that runs compared bit for bit (resumes, replays) are comparable.
 """
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -30,9 +41,12 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (still part of the README's test command)")
     config.addinivalue_line("markers", "cpu_only(reason): runs on the CPU only; skipped with the reason under --device")
+    config.addinivalue_line("markers", "explicit_device: no default device; the test places everything on `device`")
     device = torch.device(config.getoption("--device"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device.")
+    if device.type == "cuda":
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
 
 
 def pytest_collection_modifyitems(config, items):
@@ -46,12 +60,43 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"CPU only: {marker.args[0] if marker.args else ''}"))
         elif folder not in ON_DEVICE:
             item.add_marker(pytest.mark.skip(reason=f"runs on the CPU only (tests/{folder}: docs, benchmarks, layout)"))
+    moved: dict = {}
+    for name, module in list(sys.modules.items()):
+        if name.startswith("tests.") and module is not None:
+            for key, value in list(vars(module).items()):
+                if not key.startswith("__"):
+                    setattr(module, key, _to_device(value, device, moved))
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for key, value in params.items():
+            params[key] = _to_device(value, device, moved)
+
+
+def _to_device(value, device, moved):
+    """``value`` with its tensors on ``device``: lists and dicts changed in place (other modules may hold them)."""
+    if id(value) in moved:
+        return moved[id(value)]
+    if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and value.device.type == "cpu":
+        result = value.to(device)
+    elif isinstance(value, list):
+        value[:] = [_to_device(v, device, moved) for v in value]
+        result = value
+    elif isinstance(value, dict):
+        for key in list(value):
+            value[key] = _to_device(value[key], device, moved)
+        result = value
+    elif type(value) is tuple:
+        result = tuple(_to_device(v, device, moved) for v in value)
+    else:
+        return value
+    moved[id(value)] = result
+    return result
 
 
 @pytest.fixture(autouse=True)
 def _on_the_device(request):
     device = torch.device(request.config.getoption("--device"))
-    if device.type == "cpu":
+    if device.type == "cpu" or request.node.get_closest_marker("explicit_device") is not None:
         yield
         return
     with device:  # torch's factories create tensors and parameters there during the test

@@ -129,11 +129,15 @@ def test_the_device_check_runs_every_step_on_the_cpu_at_tiny_sizes(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "every step passed" in done.stdout
-    for name in ("tests", "table-float32", "table-bfloat16", "graphs", "profile", "main-job"):
+    for name in ("tests", "table-float32", "table-bfloat16", "graphs", "profile", "main-job", "page"):
         assert f"== {name}: done" in done.stdout
     assert "| lstm |" in (tmp_path / "table-float32.md").read_text()
     assert "| ours, cuda_graphs |" in (tmp_path / "graphs.md").read_text()
     assert "bits" in (tmp_path / "main-job.log").read_text()
+    # The page takes every part the steps left: the tests' outcome, both tables, the graphs and the main job.
+    page = (tmp_path / "benchmarks-cuda.md").read_text()
+    assert "passed" in page and "| ours, cuda_graphs |" in page and "| eager |" in page
+    assert "left no" not in page
 
 
 def test_the_sharded_memory_benchmark_runs_at_tiny_sizes():

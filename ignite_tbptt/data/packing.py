@@ -111,7 +111,9 @@ class Packing(ABC):
         if not self.shuffle:
             return iter(self.items)
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return (self.items[i] for i in torch.randperm(len(self.items), generator=generator).tolist())
+        # On the CPU, as the generator is, also where torch's default device is a GPU.
+        order = torch.randperm(len(self.items), generator=generator, device="cpu").tolist()
+        return (self.items[i] for i in order)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         # With shuffle, every order is padded to the same number of steps, the most any order can need.

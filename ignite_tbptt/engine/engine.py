@@ -85,21 +85,41 @@ class DeterministicTBPTTEngine(_SavesStream, DeterministicEngine):
     refuses: unpickling arbitrary objects can run code. This engine saves that array as a tensor and turns it
     back when loading, so its checkpoints load with ``weights_only=True`` and nothing needs allow-listing.
 
+    ``DeterministicEngine`` restores Python's, numpy's and torch's CPU generators mid-epoch but not CUDA's, so
+    dropout on a GPU would draw other masks after a resume. This engine also saves the CUDA generators
+    (``"cuda_rng_states"``, one state per device, where CUDA was used) and restores them where ignite restores the
+    others: a mid-epoch resume on a GPU trains as the uninterrupted run.
+
     Args:
         step: the process function; reachable afterwards as ``engine.tbptt``.
     """
+
+    _cuda_rng_states: list[torch.Tensor] | None = None
 
     def state_dict(self) -> OrderedDict:
         """The engine's state with the stream (``"tbptt"``) and the random states as tensors and numbers."""
         state = super().state_dict()
         state["rng_states"] = [_as_tensors(s) for s in state["rng_states"]]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda_rng_states"] = torch.cuda.get_rng_state_all()
         return state
 
     def load_state_dict(self, state_dict: Mapping) -> None:
         """Load :meth:`state_dict`'s state (numpy's random state as ignite restores it)."""
         if state_dict.get("rng_states") is not None:
             state_dict = {**state_dict, "rng_states": [_as_numpy(s) for s in state_dict["rng_states"]]}
+        self._cuda_rng_states = state_dict.get("cuda_rng_states")
         super().load_state_dict(state_dict)
+
+    def _setup_engine(self) -> None:
+        pending = getattr(self.state, "rng_states", None) is not None
+        super()._setup_engine()
+        # ignite restores (and then drops) the saved states only when the run resumes mid-epoch; CUDA's follow.
+        restored = pending and self.state.rng_states is None
+        if restored and self._cuda_rng_states is not None and torch.cuda.is_available():
+            states = [state.cpu() for state in self._cuda_rng_states[: torch.cuda.device_count()]]
+            torch.cuda.set_rng_state_all(states)
+        self._cuda_rng_states = None
 
 
 # numpy's state is ("MT19937", key: uint32 array of 624, pos, has_gauss, cached_gaussian).
@@ -112,5 +132,6 @@ def _as_tensors(rng_state: Any) -> Any:
 
 def _as_numpy(rng_state: Any) -> Any:
     if isinstance(rng_state, tuple) and rng_state and rng_state[0] == "MT19937" and torch.is_tensor(rng_state[1]):
-        return (rng_state[0], rng_state[1].numpy().astype("uint32"), *rng_state[2:])
+        # .cpu(): a checkpoint loaded with map_location="cuda" brings the key to the GPU.
+        return (rng_state[0], rng_state[1].cpu().numpy().astype("uint32"), *rng_state[2:])
     return rng_state

@@ -323,6 +323,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--artbp and --adaptive choose the windows in two ways: pass one of them.")
     if args.fsdp and args.nproc < 2:
         p.error("--fsdp shards the model over processes: pass --nproc 2 or more.")
+    gpus = torch.cuda.device_count()
+    if args.nproc > max(gpus, 1) and torch.device(args.device).type == "cuda":
+        p.error(
+            f"--nproc {args.nproc} on CUDA puts each process on a GPU of its own, and torch sees {gpus}: pass "
+            f"--nproc {gpus} or fewer, or --device cpu."
+        )
     return args
 
 

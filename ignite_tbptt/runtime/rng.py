@@ -22,7 +22,8 @@ def replayed(state: RNGState, device: torch.device) -> Iterator[None]:
     """Run the block from ``state``, leaving the generators as they were before it."""
     cpu, cuda = state
     with torch.random.fork_rng(devices=[device] if cuda is not None else []):
-        torch.set_rng_state(cpu)
+        # .cpu(): a state loaded with map_location="cuda" lies on the GPU; torch takes it from the host.
+        torch.set_rng_state(cpu.cpu())
         if cuda is not None:
-            torch.cuda.set_rng_state(cuda, device)
+            torch.cuda.set_rng_state(cuda.cpu(), device)
         yield

@@ -25,8 +25,12 @@ from ..reference import Net
 
 def recordings(lengths, features=2, targets=3, seed=0):
     g = torch.Generator().manual_seed(seed)
+    device = torch.get_default_device()  # the --device a test runs on; drawn on the CPU, so alike everywhere
     return [
-        (torch.randn(n, features, generator=g, dtype=torch.float64), torch.rand(n, targets, generator=g).double())
+        (
+            torch.randn(n, features, generator=g, dtype=torch.float64, device="cpu").to(device),
+            torch.rand(n, targets, generator=g, dtype=torch.float64, device="cpu").to(device),
+        )
         for n in lengths
     ]
 

@@ -212,7 +212,10 @@ def test_terminate_on_nan_runs_shuffled_packed_epochs_to_the_end():
     from ignite_tbptt import create_tbptt_trainer
 
     g = torch.Generator().manual_seed(1)
-    sequences = [torch.randint(0, 16, (int(n),), generator=g) for n in torch.randint(3, 80, (30,), generator=g)]
+    lengths = torch.randint(3, 80, (30,), generator=g, device="cpu")
+    sequences = [
+        torch.randint(0, 16, (int(n),), generator=g, device="cpu").to(torch.get_default_device()) for n in lengths
+    ]
     batches = pack_sequences(sequences, 4, 10, shuffle=True, seed=0)
     model = TokenGRU()
     trainer = create_tbptt_trainer(

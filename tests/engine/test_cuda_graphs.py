@@ -32,7 +32,7 @@ def loss_fn(y_pred, y):
 
 def batches(length=25, count=4, columns=4, seed=0):
     g = torch.Generator().manual_seed(seed)
-    data = torch.randint(0, 10, (length * count + 1, columns), generator=g).to(torch.get_default_device())
+    data = torch.randint(0, 10, (length * count + 1, columns), generator=g, device="cpu").to(torch.get_default_device())
     return [(data[i : i + length], data[i + 1 : i + 1 + length]) for i in range(0, length * count, length)]
 
 
@@ -185,8 +185,9 @@ def _limited(limit):
 def test_what_graphs_do_not_take_is_refused_at_construction():
     model = CharModel()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    on_cpu = CharModel().to("cpu")
     with pytest.raises(ValueError, match=r"on 'cpu': move it to a CUDA device"):
-        create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs=True)
+        create_tbptt_trainer(on_cpu, torch.optim.SGD(on_cpu.parameters(), lr=0.1), loss_fn, k1=5, cuda_graphs=True)
     with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
         for options, match in (
             ({"k2": 10}, r"k1 = 5, k2 = 10, whose windows retain"),
@@ -210,7 +211,7 @@ class Initial(nn.Module):
         self.h0 = nn.Parameter(torch.full((1, 1, hidden), 0.1))
 
     def forward(self, columns):
-        return self.h0.expand(1, columns, -1)
+        return self.h0.expand(1, columns, -1).contiguous()  # cuDNN takes a contiguous hx only
 
 
 class WithUnused(CharModel):

@@ -337,7 +337,7 @@ class LearnedStart(nn.Module):
         self.h0 = nn.Parameter(torch.randn(1, 1, hidden) * 0.5)
 
     def forward(self, batch):
-        return self.h0.expand(-1, batch, -1)
+        return self.h0.expand(-1, batch, -1).contiguous()  # cuDNN takes a contiguous hx only
 
 
 class LearnedStartNet(Net):

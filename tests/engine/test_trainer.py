@@ -136,11 +136,12 @@ def test_grad_scaler_skips_a_step_with_inf_gradients():
 def test_mean_over_targets_with_padding_equals_one_step_on_the_joined_batch():
     # k1 = k2 = T with accumulation 2 is one step on the two batches joined; padded targets do not count.
     g = torch.Generator().manual_seed(1)
-    x1, x2 = torch.randn(5, 2, 3, generator=g, dtype=torch.float64), torch.randn(5, 3, 3, generator=g).double()
-    y1, y2 = torch.randint(0, 4, (5, 2), generator=g), torch.randint(0, 4, (5, 3), generator=g)
+    x1, x2 = (torch.randn(5, n, 3, generator=g, dtype=torch.float64, device="cpu") for n in (2, 3))
+    y1, y2 = (torch.randint(0, 4, (5, n), generator=g, device="cpu") for n in (2, 3))
     y1[3:, 0] = -100  # 2 padded targets in the first batch, 7 in the second
     y2[:, 1] = -100
     y2[4, 2] = -100
+    x1, x2, y1, y2 = (t.to(torch.get_default_device()) for t in (x1, x2, y1, y2))
     loss_fn = torch.nn.CrossEntropyLoss(ignore_index=-100)
 
     def ce(y_pred, y):

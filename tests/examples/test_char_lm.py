@@ -224,8 +224,23 @@ def test_a_ctrl_c_before_training_starts_still_stops_the_run_with_a_checkpoint(t
     ]
 
 
-def test_two_processes_train_the_main_job_as_one(tmp_path):
-    args = [*STREAM, "--k1", "10", "--k2", "20", "--epochs", "2", "--no-progress", "--checkpoint-every", "0"]
+@pytest.fixture
+def two_processes(device):
+    """``--device`` for a run of two processes: each on a GPU of its own on CUDA, so skipped with fewer."""
+    if device.type == "cuda" and torch.cuda.device_count() < 2:
+        pytest.skip("two processes on CUDA need two GPUs")
+    return ["--device", str(device)]
+
+
+def test_more_processes_than_gpus_are_refused_with_the_fix(capsys):
+    with pytest.raises(SystemExit):
+        char_lm.main([*STREAM, "--device", "cuda", "--nproc", str(max(2, torch.cuda.device_count() + 1))])
+    assert "puts each process on a GPU of its own" in capsys.readouterr().err
+
+
+def test_two_processes_train_the_main_job_as_one(tmp_path, two_processes):
+    args = [*STREAM, *two_processes, "--k1", "10", "--k2", "20", "--epochs", "2", "--no-progress"]
+    args += ["--checkpoint-every", "0"]
     one = char_lm.main([*args, "--logdir", str(tmp_path / "one")])
     two = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "two")])
     # Each process trains on its 4 of the 8 columns, gradients summed at each step: the same training up to float32
@@ -234,8 +249,9 @@ def test_two_processes_train_the_main_job_as_one(tmp_path):
     assert two["valid_bpc"][1] < two["valid_bpc"][0] < one["unigram_bpc"]
 
 
-def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninterrupted_one(tmp_path):
-    args = [*STREAM, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--checkpoint-every", "40"]
+def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninterrupted_one(tmp_path, two_processes):
+    args = [*STREAM, *two_processes, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress"]
+    args += ["--checkpoint-every", "40"]
     full = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "full")])
     checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint_120.pt"  # in epoch 2, as on one process
     assert checkpoint.is_file()
@@ -245,8 +261,8 @@ def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninte
         char_lm.main([*args, "--logdir", str(tmp_path / "one"), "--resume", str(checkpoint)])
 
 
-def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path):
-    args = [*STREAM, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--nproc", "2"]
+def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path, two_processes):
+    args = [*STREAM, *two_processes, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--nproc", "2"]
     plain = char_lm.main([*args, "--checkpoint-every", "0", "--logdir", str(tmp_path / "plain")])
     sharded = char_lm.main([*args, "--fsdp", "--checkpoint-every", "40", "--logdir", str(tmp_path / "sharded")])
     # The same training but for float32 rounding: FSDP2 reduce-scatters the gradients where the trainer all-reduces.

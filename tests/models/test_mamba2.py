@@ -59,7 +59,9 @@ def cross_entropy(y_pred, y):
 def make_batches(lengths=(12, 12), columns=3, seed=0):
     """``(x, y, starts)`` batches of ``(B, T)`` token ids, time in dimension 1, with the starts of ``STARTS``."""
     g = torch.Generator().manual_seed(seed)
-    tokens = torch.randint(0, VOCAB, (columns, sum(lengths) + 1), generator=g)
+    tokens = torch.randint(0, VOCAB, (columns, sum(lengths) + 1), generator=g, device="cpu").to(
+        torch.get_default_device()
+    )
     starts = torch.zeros(columns, sum(lengths), dtype=torch.bool)
     for column, steps in STARTS.items():
         if column < columns:
@@ -146,7 +148,9 @@ def largest_difference(a, b):
 def test_chunked_calls_with_the_carried_state_equal_one_call_over_the_whole_sequence():
     # Equal to float32's rounding: the scan sums its blocks in another order when the sequence is cut.
     model = build_model(torch.float32)
-    x = torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(1))
+    x = torch.randint(0, VOCAB, (3, 24), generator=torch.Generator().manual_seed(1), device="cpu").to(
+        torch.get_default_device()
+    )
     cache = transformers.DynamicCache(config=model.config)
     with torch.no_grad():
         whole = model(x, cache=cache, use_cache=True).logits
@@ -164,7 +168,9 @@ def test_chunked_calls_with_the_carried_state_equal_one_call_over_the_whole_sequ
 
 def test_a_backbone_fed_embeddings_is_chunked_alike():
     backbone = build_model(torch.float32).backbone  # a Mamba2Model: hidden states out
-    x = torch.randn(2, 16, 16, generator=torch.Generator().manual_seed(2))  # (B, T, hidden_size) embeddings
+    x = torch.randn(2, 16, 16, generator=torch.Generator().manual_seed(2), device="cpu").to(
+        torch.get_default_device()
+    )  # (B, T, H)
     with torch.no_grad():
         whole = backbone(inputs_embeds=x).last_hidden_state
         first, state = mamba2_model_fn(backbone, x[:, :6], None)

@@ -72,8 +72,9 @@ def trained_gradient(model, source, batches, **options):
 
 def stream(length=60, batch=3, seed=0):
     g = torch.Generator().manual_seed(seed)
-    x = torch.randn(length, batch, 3, generator=g, dtype=torch.float64)
-    y = torch.randint(0, 4, (length, batch), generator=g)
+    device = torch.get_default_device()  # the --device a test runs on; drawn on the CPU, so alike everywhere
+    x = torch.randn(length, batch, 3, generator=g, dtype=torch.float64, device="cpu").to(device)
+    y = torch.randint(0, 4, (length, batch), generator=g, device="cpu").to(device)
     return x, y
 
 
@@ -104,7 +105,7 @@ def test_sequence_starts_cut_the_gradient_of_their_column_and_nothing_is_compens
     torch.manual_seed(0)
     model = Net().double()
     x, y = stream()
-    starts = torch.rand(60, 3, generator=torch.Generator().manual_seed(5)) < 0.08
+    starts = torch.rand(60, 3, generator=torch.Generator().manual_seed(5), device="cpu").to(x.device) < 0.08
     starts[0] = True
     batches = [(x[i : i + 20], y[i : i + 20], starts[i : i + 20]) for i in range(0, 60, 20)]
     got, windows, factors = trained_gradient(model, ARTBP(grid=3, mean_length=9, seed=6), batches)
