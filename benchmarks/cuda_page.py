@@ -39,18 +39,23 @@ def _steps(folder: Path) -> dict[str, tuple[str, int]]:
 
 
 def tests_section(folder: Path) -> str:
-    log = _text(folder, "tests.log")
-    if log is None:
-        return "The check left no `tests.log`."
-    summary = [line.strip("= ") for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
-    failed = sorted({line.split()[1] for line in log.splitlines() if line.startswith("FAILED")})
-    text = f"`python -m pytest --device cuda` on the training tests: **{summary[-1] if summary else 'no summary'}**."
-    note = _text(folder, "tests-note.md")  # what the run did other than the check's step, where it did
+    parts = []
+    runs = (("tests", "the training tests"), ("graph-tests", "the CUDA-graph tests, in a pytest of their own"))
+    for name, what in runs:
+        log = _text(folder, f"{name}.log")
+        if log is None:
+            parts.append(f"The check left no `{name}.log` ({what}).")
+            continue
+        summary = [line.strip("= ") for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+        failed = sorted({line.split()[1] for line in log.splitlines() if line.startswith("FAILED")})
+        text = f"`python -m pytest --device cuda`, {what}: **{summary[-1] if summary else 'no summary'}**."
+        if failed:
+            text += " Failing:\n\n" + "\n".join(f"- `{test}`" for test in failed)
+        parts.append(text)
+    note = _text(folder, "tests-note.md")  # what a rerun did other than the check's steps, where it did
     if note:
-        text += " " + note.strip()
-    if failed:
-        text += " Failing:\n\n" + "\n".join(f"- `{name}`" for name in failed)
-    return text
+        parts.append(note.strip())
+    return "\n\n".join(parts)
 
 
 def main_job_section(folder: Path) -> str:

@@ -231,7 +231,9 @@ class WindowGraphs:
             raise GraphCaptureError(
                 f"the window could not be captured in a CUDA graph ({error}). A captured window may not read a value "
                 "back to the host (.item(), float(), a Python condition on a tensor, nonzero() or a shape from data) "
-                "in the model, model_fn or loss_fn; remove the read, or pass cuda_graphs=False."
+                "in the model, model_fn or loss_fn; remove the read, or pass cuda_graphs=False. A failed capture can "
+                "leave CUDA's random generator unusable in this process (later random draws fail with 'Offset "
+                "increment outside graph capture'): start a new process for the next run."
             ) from error
         return graph, outputs
 
