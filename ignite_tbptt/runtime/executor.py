@@ -101,11 +101,11 @@ class SegmentExecutor:
                 returned: the model does not read the state it is given (:func:`check_state_cut`).
         """
         stream = self.stream
-        hidden, versions = stream.hidden, stream.history.versions
         if self.graphs is not None and plan.whole_window and plan.backward_now and not plan.joins_history:
             result = self._run_program(plan, x, y, resets, keep_predictions)
             if result is not None:
                 return result
+        hidden, versions = stream.hidden, stream.history.versions
         hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
         replay = None
         if not plan.backward_now:
@@ -174,6 +174,10 @@ class SegmentExecutor:
         stream = self.stream
         if not self._state_cut_checked or stream.hidden is None or self._columns_to_check is not None or profiling():
             return None
+        # The window starts at its cut, so the state's graph (an eager window's) is never backpropagated again: let
+        # it go now. Alive, it would keep the parameters' AccumulateGrad nodes of the stream it ran on, which the
+        # program's backward pass on another stream, or under capture, would then have to wait for.
+        stream.hidden = hs.detached(stream.hidden)
         ran = self.graphs.run(plan, x, y, stream.hidden, resets)
         if ran is None:
             return None

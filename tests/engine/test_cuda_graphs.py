@@ -97,6 +97,47 @@ def test_optimizers_and_the_inf_check_are_unchanged(device, make):
     assert runs > 0
 
 
+def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs():
+    # An eager window's graph, kept alive by the state it returned, would keep the parameters' AccumulateGrad nodes
+    # of the CUDA stream it ran on; a program's backward pass on the warm-up stream would wait for that stream, and
+    # under capture CUDA refuses it ("operation would make the legacy stream depend on a capturing blocking stream").
+    # Each eager window's nodes get a hook that records its own release, which comes with the node's.
+    made, released, alive_at_programs, program_ran = set(), set(), [], [False]
+
+    class Marker:
+        def __init__(self, key):
+            self.key = key
+            made.add(key)
+
+        def __call__(self, grad_outputs):
+            return None
+
+        def __del__(self):
+            released.add(self.key)
+
+    def mark_eager_windows(trainer):
+        @trainer.on(TBPTTEvents.WINDOW_COMPLETED)
+        def _(engine):
+            if not program_ran[0]:
+                model = engine._process_function.loop.executor.model_call.model
+                for i, p in enumerate(model.parameters()):
+                    node = p.view_as(p).grad_fn.next_functions[0][0]  # its AccumulateGrad node, of the live graph
+                    node.register_prehook(Marker((engine.state.window, i)))
+            program_ran[0] = False
+
+    original = graphed.WindowProgram.__call__
+
+    def checked(self, *args):
+        alive_at_programs.append(made - released)
+        program_ran[0] = True
+        return original(self, *args)
+
+    with mock.patch.object(graphed.WindowProgram, "__call__", checked):
+        _, _, runs = train(True, batches(), carry_hidden=True, handlers=[mark_eager_windows])
+    assert runs > 0 and len(alive_at_programs) == runs and made
+    assert all(not alive for alive in alive_at_programs), alive_at_programs
+
+
 def test_sequence_starts_reset_inside_the_program_and_split_windows_run_eagerly(device):
     data = batches()
     starts_at = {0: [1], 10: [0, 3], 20: [2], 7: [1]}  # steps 0, 10, 20 open windows; step 7 splits one
