@@ -180,3 +180,34 @@ def test_an_older_record_of_an_adaptive_run_is_read_as_it_was_meant(tmp_path):
     model, optimizer, trainer = build(**SAVED, adaptive=True)
     Checkpoint.load_objects({"trainer": trainer, "model": model, "optimizer": optimizer}, state)
     assert trainer.run(BATCHES, max_epochs=2).iteration == 10
+
+
+@pytest.mark.cpu_only("stands in for CUDA's generators, which a GPU's own resume tests use")
+@pytest.mark.parametrize("stop_at,restored", [(7, True), (5, False)], ids=["mid-epoch", "epoch-end"])
+def test_cuda_generators_are_saved_and_restored_where_ignite_restores_the_others(stop_at, restored, monkeypatch):
+    # ignite's DeterministicEngine restores the CPU generators only when a run resumes mid-epoch (at an epoch's end
+    # it reseeds); CUDA's, which dropout on a GPU draws from, must follow it there and only there.
+    saved_state = torch.arange(4, dtype=torch.uint8)
+    set_calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [saved_state.clone()])
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all", lambda states: set_calls.append(states))
+    # ignite turns deterministic algorithms on where CUDA is available: not for the rest of the suite.
+    monkeypatch.setattr(torch, "use_deterministic_algorithms", lambda *args, **kwargs: None)
+    model, optimizer, trainer = build()
+    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=stop_at), lambda e: e.terminate())
+    trainer.run(BATCHES, max_epochs=2)
+    state = trainer.state_dict()
+    assert torch.equal(state["cuda_rng_states"][0], saved_state)
+
+    _, _, resumed = build()
+    resumed.load_state_dict(state)
+    resumed.run(BATCHES, max_epochs=2)
+    if restored:
+        assert len(set_calls) == 1 and torch.equal(set_calls[0][0], saved_state)
+    else:
+        assert set_calls == []
+    resumed.run(BATCHES, max_epochs=3)  # a later run of the same engine restores nothing again
+    assert len(set_calls) == int(restored)
