@@ -47,7 +47,17 @@ def tests_section(folder: Path) -> str:
             parts.append(f"The check left no `{name}.log` ({what}).")
             continue
         summary = [line.strip("= ") for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
-        failed = sorted({line.split()[1] for line in log.splitlines() if line.startswith("FAILED")})
+        # "FAILED tests/x.py::test[a b] - Error...": the name runs to " - " (parametrize ids may hold spaces).
+        failed = sorted(
+            {
+                line.split(" ", 1)[1].split(" - ")[0]
+                for line in log.splitlines()
+                if line.startswith(("FAILED ", "ERROR ")) and " " in line
+            }
+        )
+        outcome, seconds = _steps(folder).get(name, ("done", 0))
+        if not summary and outcome == "FAILED":  # stopped at the step's time limit before pytest's summary
+            summary = [f"stopped after {seconds} s, before pytest's summary"]
         text = f"`python -m pytest --device cuda`, {what}: **{summary[-1] if summary else 'no summary'}**."
         if failed:
             text += " Failing:\n\n" + "\n".join(f"- `{test}`" for test in failed)

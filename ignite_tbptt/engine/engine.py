@@ -88,7 +88,8 @@ class DeterministicTBPTTEngine(_SavesStream, DeterministicEngine):
     ``DeterministicEngine`` restores Python's, numpy's and torch's CPU generators mid-epoch but not CUDA's, so
     dropout on a GPU would draw other masks after a resume. This engine also saves the CUDA generators
     (``"cuda_rng_states"``, one state per device, where CUDA was used) and restores them where ignite restores the
-    others: a mid-epoch resume on a GPU trains as the uninterrupted run.
+    others: a mid-epoch resume on a GPU trains as the uninterrupted run. In a run of several processes these are
+    the states of the process that saves (rank 0), as the other generators are.
 
     Args:
         step: the process function; reachable afterwards as ``engine.tbptt``.
@@ -108,8 +109,8 @@ class DeterministicTBPTTEngine(_SavesStream, DeterministicEngine):
         """Load :meth:`state_dict`'s state (numpy's random state as ignite restores it)."""
         if state_dict.get("rng_states") is not None:
             state_dict = {**state_dict, "rng_states": [_as_numpy(s) for s in state_dict["rng_states"]]}
-        self._cuda_rng_states = state_dict.get("cuda_rng_states")
         super().load_state_dict(state_dict)
+        self._cuda_rng_states = state_dict.get("cuda_rng_states")  # once the checkpoint is accepted
 
     def _setup_engine(self) -> None:
         pending = getattr(self.state, "rng_states", None) is not None
@@ -118,6 +119,7 @@ class DeterministicTBPTTEngine(_SavesStream, DeterministicEngine):
         restored = pending and self.state.rng_states is None
         if restored and self._cuda_rng_states is not None and torch.cuda.is_available():
             states = [state.cpu() for state in self._cuda_rng_states[: torch.cuda.device_count()]]
+            torch.cuda.init()  # else the states wait in torch's lazy queue, behind the epoch's seed ignite just set
             torch.cuda.set_rng_state_all(states)
         self._cuda_rng_states = None
 

@@ -325,10 +325,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--fsdp shards the model over processes: pass --nproc 2 or more.")
     gpus = torch.cuda.device_count()
     if args.nproc > max(gpus, 1) and torch.device(args.device).type == "cuda":
-        p.error(
-            f"--nproc {args.nproc} on CUDA puts each process on a GPU of its own, and torch sees {gpus}: pass "
-            f"--nproc {gpus} or fewer, or --device cpu."
-        )
+        fix = f"pass --nproc {gpus} or fewer, or --device cpu" if gpus else "pass --device cpu"
+        p.error(f"--nproc {args.nproc} on CUDA puts each process on a GPU of its own, and torch sees {gpus}: {fix}.")
     return args
 
 

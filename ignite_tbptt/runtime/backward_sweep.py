@@ -17,14 +17,12 @@ al., 2016, "Training deep nets with sublinear memory cost", arXiv:1604.06174, se
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from ..planning import ClosePlan
 from . import hidden as hs
@@ -323,12 +321,6 @@ class RetainedHistory:
                 load_weights(params, current)
 
     def _rebuilt_segment(self, saved: dict[str, Any]) -> Segment:
-        # torch.load leaves a checkpoint where map_location puts it (by default where it was saved): a run saved on
-        # the CPU and resumed on a GPU, or the reverse, rebuilds its segments where the model now is.
-        device = next((p.device for p in self.parameters()), None)
-        if device is not None:
-            move = functools.partial(pytree.tree_map_only, torch.Tensor, lambda t: t.to(device))
-            saved = {key: value if key == "rng" else move(value) for key, value in saved.items()}
         version = self.versions.current if self.versions is not None else None
         replay = Replay(
             saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"], saved.get("starts")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from . import hidden as hs
 from .backward_sweep import RetainedHistory
@@ -77,12 +79,29 @@ class StreamState:
             **self.history.state_dict(),
         }
 
+    def _on_model_device(self, state: dict[str, Any]) -> dict[str, Any]:
+        # torch.load leaves a checkpoint where map_location puts it (by default where it was saved): a stream saved on
+        # the CPU and resumed on a GPU, or the reverse, goes on where the model now is. Random states stay where torch
+        # reads them, on the host; a CUDA generator's state is dropped where the model is not on CUDA.
+        device = next((p.device for p in self.history.parameters()), None)
+        if device is None:
+            return state
+        move = functools.partial(pytree.tree_map_only, torch.Tensor, lambda t: t.to(device))
+
+        def segment(saved: dict[str, Any]) -> dict[str, Any]:
+            cpu, cuda = saved["rng"]
+            rng = (cpu, cuda if device.type == "cuda" else None)
+            return {key: rng if key == "rng" else move(value) for key, value in saved.items()}
+
+        return {key: [segment(s) for s in value] if key == "segments" else move(value) for key, value in state.items()}
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s stream, rebuilding the retained graphs.
 
         Call it once the model and the optimizer hold the checkpoint's values.
         """
         self.reset()
+        state = self._on_model_device(state)
         self.position, self.hidden = state["position"], state["hidden"]
         self.columns = state["columns"] if "columns" in state else state["streams"]  # "streams" up to 0.3
         self.window_loss.load_state_dict(state)
