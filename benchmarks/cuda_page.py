@@ -47,14 +47,9 @@ def tests_section(folder: Path) -> str:
             parts.append(f"The check left no `{name}.log` ({what}).")
             continue
         summary = [line.strip("= ") for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
-        # "FAILED tests/x.py::test[a b] - Error...": the name runs to " - " (parametrize ids may hold spaces).
-        failed = sorted(
-            {
-                line.split(" ", 1)[1].split(" - ")[0]
-                for line in log.splitlines()
-                if line.startswith(("FAILED ", "ERROR ")) and " " in line
-            }
-        )
+        # "FAILED tests/x.py::test[a b] - Error...": the name runs to " - " (parametrize ids may hold spaces); logged
+        # "ERROR    ignite..." lines are no test's.
+        failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+::.*?)(?: - .*)?$", log, re.MULTILINE)))
         outcome, seconds = _steps(folder).get(name, ("done", 0))
         if not summary and outcome == "FAILED":  # stopped at the step's time limit before pytest's summary
             summary = [f"stopped after {seconds} s, before pytest's summary"]
