@@ -46,7 +46,9 @@ if [[ "$DEVICE" != cpu ]]; then
     "$PYTHON" -c "import pytest_timeout" 2>/dev/null && PYTEST_EXTRA+=(--timeout 240)
 fi
 mkdir -p "$OUT"
-rm -f "$OUT/steps.tsv"
+# What an earlier check left would otherwise reach the page as this one's.
+rm -f "$OUT"/{tests,graph-tests}{,-full}.log "$OUT"/{table-float32,table-bfloat16}.{log,json,md} "$OUT"/graphs.{log,md} \
+    "$OUT"/{profile,main-job,main-job-graphs,page}.log "$OUT"/steps.tsv "$OUT"/benchmarks-cuda.md
 failed=()
 
 step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT/NAME.log
