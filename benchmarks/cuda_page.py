@@ -39,7 +39,7 @@ def _steps(folder: Path) -> dict[str, tuple[str, int]]:
 
 
 def tests_section(folder: Path) -> str:
-    parts = []
+    parts, steps = [], _steps(folder)
     runs = (("tests", "the training tests"), ("graph-tests", "the CUDA-graph tests, in a pytest of their own"))
     for name, what in runs:
         log = _text(folder, f"{name}.log")
@@ -50,7 +50,7 @@ def tests_section(folder: Path) -> str:
         # "FAILED tests/x.py::test[a b] - Error...": the name runs to " - " (parametrize ids may hold spaces); logged
         # "ERROR    ignite..." lines are no test's.
         failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+::.*?)(?: - .*)?$", log, re.MULTILINE)))
-        outcome, seconds = _steps(folder).get(name, ("done", 0))
+        outcome, seconds = steps.get(name, ("done", 0))
         if not summary and outcome == "FAILED":  # stopped at the step's time limit before pytest's summary
             summary = [f"stopped after {seconds} s, before pytest's summary"]
         text = f"`python -m pytest --device cuda`, {what}: **{summary[-1] if summary else 'no summary'}**."

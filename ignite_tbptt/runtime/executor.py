@@ -174,10 +174,11 @@ class SegmentExecutor:
         stream = self.stream
         if not self._state_cut_checked or stream.hidden is None or self._columns_to_check is not None or profiling():
             return None
-        # The window starts at its cut, so the state's graph (an eager window's) is never backpropagated again: let
-        # it go now. Alive, it would keep the parameters' AccumulateGrad nodes of the stream it ran on, which the
-        # program's backward pass on another stream, or under capture, would then have to wait for.
-        stream.hidden = hs.detached(stream.hidden)
+        # The window starts at its cut, so the state's graph (an eager window's; a program's state has none) is never
+        # backpropagated again: let it go now. Alive, it would keep the parameters' AccumulateGrad nodes of the stream
+        # it ran on, which the program's backward pass on another stream, or under capture, would have to wait for.
+        if any(t.requires_grad for t in hs.tensors(stream.hidden)):
+            stream.hidden = hs.detached(stream.hidden)
         ran = self.graphs.run(plan, x, y, stream.hidden, resets)
         if ran is None:
             return None

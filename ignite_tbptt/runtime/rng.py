@@ -22,8 +22,7 @@ def replayed(state: RNGState, device: torch.device) -> Iterator[None]:
     """Run the block from ``state``, leaving the generators as they were before it."""
     cpu, cuda = state
     with torch.random.fork_rng(devices=[device] if cuda is not None else []):
-        # .cpu(): a state loaded with map_location="cuda" lies on the GPU; torch takes it from the host.
-        torch.set_rng_state(cpu.cpu())
+        torch.set_rng_state(cpu)
         if cuda is not None:
-            torch.cuda.set_rng_state(cuda.cpu(), device)
+            torch.cuda.set_rng_state(cuda, device)
         yield

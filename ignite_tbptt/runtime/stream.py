@@ -81,8 +81,8 @@ class StreamState:
 
     def _on_model_device(self, state: dict[str, Any]) -> dict[str, Any]:
         # torch.load leaves a checkpoint where map_location puts it (by default where it was saved): a stream saved on
-        # the CPU and resumed on a GPU, or the reverse, goes on where the model now is. Random states stay where torch
-        # reads them, on the host; a CUDA generator's state is dropped where the model is not on CUDA.
+        # the CPU and resumed on a GPU, or the reverse, goes on where the model now is. Random states go to the host,
+        # where torch reads them; a CUDA generator's state is dropped where the model is not on CUDA.
         device = next((p.device for p in self.history.parameters()), None)
         if device is None:
             return state
@@ -90,7 +90,7 @@ class StreamState:
 
         def segment(saved: dict[str, Any]) -> dict[str, Any]:
             cpu, cuda = saved["rng"]
-            rng = (cpu, cuda if device.type == "cuda" else None)
+            rng = (cpu.cpu(), cuda.cpu() if cuda is not None and device.type == "cuda" else None)
             return {key: rng if key == "rng" else move(value) for key, value in saved.items()}
 
         return {key: [segment(s) for s in value] if key == "segments" else move(value) for key, value in state.items()}
