@@ -20,13 +20,16 @@ would come at different points in the two. What the counts leave out is how the 
 - k1 = 1, k2 = 8 (per-token backward): the exact hand loop (``benchmarks.methods.segmented``, one call per
   step here) against ``create_tbptt_trainer``; ignite's trainer cannot do k2 > k1.
 
-``ours, unfused SGD`` is ``create_tbptt_trainer`` with the plain SGD, whose finiteness check reads once per step.
-Neither the hand loops nor ignite's trainer check anything; ``create_tbptt_trainer`` checks, and the two ablations
-show what each check costs (neither is an option of the trainer):
+``ours, unfused SGD`` is ``create_tbptt_trainer`` with the plain SGD, whose finiteness check reads once per step on
+an accelerator too. ``ours, decisions on the device (an accelerator's path)`` runs the check as on a GPU, where a
+read would wait for the queue: each step's decision is kept on the device (a copy of the last one, checked into)
+and handed to the fused optimizer as ``found_inf``, which skips the step there; the decisions are read once per
+iteration. Neither the hand loops nor ignite's trainer check anything; ``create_tbptt_trainer`` checks, and the
+two ablations show what each check costs (neither is an option of the trainer):
 
-- ``ours, no inf/NaN check (ablation)``: the gradients' check at every optimizer step (a kernel, the decision kept
-  on the device and, with a fused optimizer, its ``found_inf`` argument) replaced by a constant "all finite"; a
-  step with inf/NaN gradients would then be applied.
+- ``ours, no inf/NaN check (ablation)``: the gradients' check at every optimizer step (a kernel and the read of
+  its decision, which on the CPU waits for nothing) replaced by a constant "all finite"; a step with inf/NaN
+  gradients would then be applied.
 - ``ours, no state checks (ablation)``: the checks around every model call (the version counters of the state it
   was given, read before and after, so that a write into it is named; the structure and shapes of the state it
   returns) left out; a model writing into its state would then train on wrong gradients.
@@ -102,6 +105,7 @@ def contenders(k1, k2):
     ours = {
         "ours": methods.ours,
         "ours, unfused SGD": functools.partial(unfused, methods.ours),
+        "ours, decisions on the device (an accelerator's path)": decided_on_device,
         "ours, no inf/NaN check (ablation)": unchecked,
         "ours, no state checks (ablation)": unchecked_state,
     }
@@ -118,12 +122,18 @@ def unchecked(*args):
     """``methods.ours`` with the finiteness check of every optimizer step replaced by "all finite"."""
     all_finite = torch.zeros(())  # the decision the check returns: 0.0, nothing to skip
 
-    def divide(grads, divisor, earlier=None):
+    def divide(grads, divisor, earlier=None, into=None):
         if divisor != 1:  # the division by the target count, which the check's kernel makes along (k1 = 1, k2 = 8)
             torch._foreach_div_(grads, divisor)
         return all_finite
 
     with mock.patch.object(optimizer_step, "divide_and_check", divide):
+        return methods.ours(*args)
+
+
+def decided_on_device(*args):
+    """``methods.ours`` with each step's decision kept on the device even on the CPU, as on an accelerator."""
+    with mock.patch.object(optimizer_step.OptimizerStep, "reads_cpu_decisions", False):
         return methods.ours(*args)
 
 

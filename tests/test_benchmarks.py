@@ -87,14 +87,17 @@ def test_the_benchmark_runs_at_other_sizes_and_under_autocast(tmp_path):
     assert y_pred.shape == (5, 3, 40) and y_pred.dtype == torch.float32 and hidden.shape[0] == 2
 
 
-def test_overhead_benchmark_counts_no_host_read_per_window_for_ours(tmp_path):
+def test_overhead_benchmark_counts_the_host_reads_per_window(tmp_path):
     from benchmarks import overhead
 
     markdown = tmp_path / "overhead.md"
     rows = overhead.main(["--repeats", "1", "--steps", "200", "--markdown", str(markdown)])
     reads = {(r["k1"], r["method"]): r["reads_per_window"] for r in rows}
-    assert reads[5, "ours"] < 0.1 and reads[1, "ours"] < 0.1  # two reads per iteration, none per window
-    assert reads[5, "ours, no inf/NaN check (ablation)"] < 0.1 and reads[5, "ours, no state checks (ablation)"] < 0.1
+    # On the CPU each step's decision is read at once: one read per window (one step each), and one per iteration.
+    for k1 in (5, 1):
+        assert 1.0 < reads[k1, "ours"] < 1.1 and 1.0 < reads[k1, "ours, no state checks (ablation)"] < 1.1
+        # An accelerator's path: two reads per iteration, none per window.
+        assert reads[k1, "ours, decisions on the device (an accelerator's path)"] < 0.1
     assert reads[5, "ignite"] == 2.0 and reads[5, "ours, unfused SGD"] > 1.0  # ignite: two per chunk
     assert "µs per window" in markdown.read_text()
 

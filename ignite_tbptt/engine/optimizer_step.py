@@ -10,12 +10,13 @@ over its windows, as torchtune's ``scale_grads``; without a scaler, in the kerne
 :meth:`OptimizerStep.apply` return what happened, and the stream loop has its listener fire
 ``TBPTTEvents.OPTIMIZER_STEP_STARTED`` (where clipping goes) between the two.
 
-Without a scaler, a step with inf/NaN gradients is never applied. An optimizer that can skip its own step on the
-device (the fused ``SGD``, ``Adam`` and ``AdamW``: ``_step_supports_amp_scaling``, the protocol ``GradScaler``
-uses) is handed the decision as a tensor, ``optimizer.found_inf``, so the check reads nothing back from the
-device; the decision sticks until it is read, so every later step is skipped too, and :meth:`OptimizerStep.failure`
-reads all of them at once, where the trainer reads its iteration's output anyway. Any other optimizer costs one
-read per step, before it steps.
+Without a scaler, a step with inf/NaN gradients is never applied. Where the gradients are on the CPU the decision
+is read at once (a read there waits for no queue) and a refused step raises before any later window runs. On an
+accelerator, an optimizer that can skip its own step on the device (the fused ``SGD``, ``Adam`` and ``AdamW``:
+``_step_supports_amp_scaling``, the protocol ``GradScaler`` uses) is handed the decision as a tensor,
+``optimizer.found_inf``, so the check reads nothing back from the device; the decision sticks until it is read, so
+every later step is skipped too, and :meth:`OptimizerStep.failure` reads all of them at once, where the trainer
+reads its iteration's output anyway. Any other optimizer costs one read per step, before it steps.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ class OptimizerStep:
         accumulation: windows per optimizer step.
     """
 
+    #: Read the finiteness decision of a step whose gradients are on the CPU at once, where a read waits for nothing
+    #: (it costs a third of keeping the decision on the device); False keeps it on the device, as on an accelerator.
+    reads_cpu_decisions = True
+
     def __init__(self, optimizer: Any, scaler: torch.amp.GradScaler | None, accumulation: int) -> None:
         self.optimizer, self.scaler, self.accumulation = optimizer, scaler, accumulation
         self.accumulated = 0  # windows accumulated since the last step
@@ -50,6 +55,7 @@ class OptimizerStep:
         # Device decisions not yet read, with the position of their step.
         self._found_inf: list[tuple[torch.Tensor, tuple[int, int, int, int, int]]] = []
         self._due: torch.Tensor | None = None  # the decision of the prepared step, handed to the optimizer
+        self._finite: torch.Tensor | None = None  # a decision read as 0.0, set in place by the next check read at once
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters the optimizer updates, in its order."""
@@ -104,8 +110,9 @@ class OptimizerStep:
             not be applied: nothing was learnt, and momentum or weight decay must not move.
 
         Raises:
-            FloatingPointError: without a scaler and with an optimizer that cannot skip on the device, if the
-                gradients hold inf or NaN; the step must not be applied.
+            FloatingPointError: without a scaler, if the gradients hold inf or NaN and the decision is read at
+                once (gradients on the CPU, or an optimizer that cannot skip on the device); the step must not be
+                applied.
             ProcessesDisagree: in a distributed run, if the processes are at different steps.
         """
         targets, backward_mean = self.targets, self.backward_mean
@@ -124,13 +131,21 @@ class OptimizerStep:
             if self.scaler is not None:  # the scaler checked them while unscaling
                 if divisor != 1:
                     torch._foreach_div_(grads, divisor)
-            elif self.skips_on_device:
+            elif self.skips_on_device and not (self.reads_cpu_decisions and grads[0].is_cpu):
                 found_inf = self._found_inf
                 self._due = divide_and_check(grads, divisor, found_inf[-1][0] if found_inf else None)
                 found_inf.append((self._due, position))
-            elif divide_and_check(grads, divisor).item():  # one read per step, as GradScaler makes
+            elif divide_and_check(grads, divisor, into=self._finite_on(grads[0])).item():  # one read, as GradScaler's
+                self._finite = None  # set: the next check starts from a fresh one
                 raise _non_finite(_where(position))
         return targets
+
+    def _finite_on(self, grad: torch.Tensor) -> torch.Tensor:
+        # The decision to check into when it is read at once: kept while it reads 0.0, so a step allocates nothing.
+        finite = self._finite
+        if finite is None or not (finite.is_cpu and grad.is_cpu or finite.device == grad.device):
+            finite = self._finite = torch.zeros((), device=grad.device)
+        return finite
 
     def apply(self) -> bool:
         """Step the optimizer with the prepared gradients (through the scaler, if any).

@@ -44,10 +44,11 @@ class TBPTTStep:
     Host reads: none per window unless asked for. The iteration's output (``loss.item()`` by default) is one read
     per iteration, as in ignite. ``engine.state.output`` is set to the window's mean loss as a float, one read,
     only while a handler listens to ``TBPTTEvents.WINDOW_COMPLETED`` or ``Tbptt_Events.TIME_ITERATION_COMPLETED``.
-    Without a scaler, the finiteness check of an optimizer step reads nothing with an optimizer that skips on the
-    device (fused ``SGD``, ``Adam``, ``AdamW``), whose decisions are read once at the iteration's end, and one
-    value per step with any other. With a ``GradScaler``, whether it skipped a step is one read per step (besides
-    what ``GradScaler.step`` reads with an unfused optimizer). A batch with ``starts`` costs one read to find them.
+    Without a scaler, the finiteness check of an optimizer step on an accelerator reads nothing with an optimizer
+    that skips on the device (fused ``SGD``, ``Adam``, ``AdamW``), whose decisions are read once at the iteration's
+    end, and one value per step with any other; on the CPU, where a read waits for nothing, one value per step.
+    With a ``GradScaler``, whether it skipped a step is one read per step (besides what ``GradScaler.step`` reads
+    with an unfused optimizer). A batch with ``starts`` costs one read to find them.
     """
 
     def __init__(

@@ -404,9 +404,10 @@ def create_tbptt_trainer(
         FloatingPointError: without a ``scaler``, after an optimizer step whose gradients hold inf or NaN. The
             step is not taken, so the parameters keep their last finite values; no further window of the batch
             runs and the iteration's output is ``float("nan")``, so that ignite's ``TerminateOnNan`` ends the run
-            cleanly there. With an optimizer that skips a step on the device (``fused=True``), the decision is
-            read only at the iteration's end: the rest of the batch runs, every later step of it is refused too
-            (the parameters end as above), and the NaN output and the error follow then. Otherwise the error is
+            cleanly there. With an optimizer that skips a step on the device (``fused=True``) and parameters on
+            an accelerator, the decision is read only at the iteration's end: the rest of the batch runs, every
+            later step of it is refused too (the parameters end as above), and the NaN output and the error
+            follow then (on the CPU, where a read waits for nothing, it is read at once). Otherwise the error is
             raised before anything else runs: when the next iteration starts or when the epoch completes. With
             a ``scaler`` such a step is skipped and training goes on: the retained history is dropped (the next
             window reaches back only to the skipped step) and a non-finite carried hidden state is restarted.

@@ -30,7 +30,13 @@ def skips_on_device(optimizer: Any) -> bool:
         return False
 
 
-def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Tensor | None = None) -> torch.Tensor:
+def divide_and_check(
+    grads: list[torch.Tensor],
+    divisor: int,
+    earlier: torch.Tensor | None = None,
+    *,
+    into: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Divide ``grads`` by ``divisor`` in place; return 1.0 if any holds inf or NaN, else 0.0.
 
     ``GradScaler``'s fused unscale-and-check kernel, one per device and dtype, multiplies float32, float16 and
@@ -41,19 +47,24 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
     Args:
         grads: the gradients.
         divisor: the target count, at least 1.
-        earlier: a decision to carry over (a refused step refuses every later one), or ``None``.
+        earlier: a decision to carry over (a refused step refuses every later one), or ``None``; it is not changed.
+        into: a float32 0-dim decision to set in place instead of a new one (it only ever goes from 0.0 to 1.0, so
+            a caller may reuse one while it reads 0.0), or ``None``.
 
     Returns:
-        A float32 0-dim tensor on the first gradient's device: 1.0 if any gradient (or ``earlier``) is non-finite.
+        A float32 0-dim tensor on the first gradient's device (``into`` itself where one kernel checks all): 1.0 if any
+        gradient is non-finite or ``earlier`` (``into``) was already 1.0.
+
+    Raises:
+        ValueError: if both ``earlier`` and ``into`` are given.
     """
+    if earlier is not None and into is not None:
+        raise ValueError("pass earlier (a decision to copy) or into (one to set in place), not both.")
+    start = into if into is not None else earlier
     first = grads[0]
-    if (
-        first.dtype in _SCALED_DTYPES
-        and _alike(grads, first)
-        and (earlier is None or earlier.is_cpu and first.is_cpu or earlier.device == first.device)
-    ):
+    if first.dtype in _SCALED_DTYPES and _alike(grads, first) and (start is None or _same_device(start, first)):
         # The usual case, one kernel: dense gradients of one dtype on one device.
-        found = earlier.clone() if earlier is not None else torch.zeros((), device=first.device)
+        found = into if into is not None else earlier.clone() if earlier is not None else _zero(first.device).clone()
         torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(first.device, divisor))
         return found
     # One kernel per device, dtype and whether it divides (GradScaler groups alike: one dtype per kernel).
@@ -69,14 +80,14 @@ def divide_and_check(grads: list[torch.Tensor], divisor: int, earlier: torch.Ten
         torch._foreach_div_(divided, divisor)
     flags = []
     for (device, _, scaled), group in groups.items():
-        carried = earlier is not None and not flags and earlier.device == device
-        found = (earlier if carried else _zero(device)).clone()
+        carried = start is not None and not flags and start.device == device
+        found = into if carried and into is not None else (start if carried else _zero(device)).clone()
         scale = _inverse(device, divisor if scaled else 1)
         torch._amp_foreach_non_finite_check_and_unscale_(group, found, scale)
         flags.append(found)
     first = flags[0]
-    if earlier is not None and earlier.device != first.device:
-        flags.append(earlier)
+    if start is not None and start.device != first.device:
+        flags.append(start)
     return first if len(flags) == 1 else torch.stack([f.to(first.device) for f in flags]).amax()
 
 
@@ -91,6 +102,11 @@ def _alike(grads: list[torch.Tensor], first: torch.Tensor) -> bool:
         if g.is_sparse or g.dtype is not dtype or g.is_cpu is not cpu:
             return False
     return cpu or all(g.device == first.device for g in grads)
+
+
+def _same_device(a: torch.Tensor, b: torch.Tensor) -> bool:
+    # Two flags read before a torch.device is made: the CPU case costs no object.
+    return a.is_cpu and b.is_cpu or a.device == b.device
 
 
 @functools.lru_cache(maxsize=64)

@@ -16,9 +16,12 @@ from ..helpers import make_batches
 from ..reference import Net, cross_entropy
 
 
-def trainer_for(model, fused, k1=5, k2=5, **kwargs):
+def trainer_for(model, fused, k1=5, k2=5, on_device=True, **kwargs):
+    """``on_device``: a fused optimizer's decisions stay on the device, as on an accelerator, on the CPU too."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5, fused=fused)
-    return create_tbptt_trainer(model, optimizer, cross_entropy, k1, k2, **kwargs)
+    trainer = create_tbptt_trainer(model, optimizer, cross_entropy, k1, k2, **kwargs)
+    trainer.tbptt.optimizer_step.reads_cpu_decisions = not on_device
+    return trainer
 
 
 def on(device, batches):
@@ -29,9 +32,9 @@ def on(device, batches):
 counted = pytest.mark.explicit_device
 
 
-def reads_in_run(batches, fused, handler=None, device="cpu", **kwargs):
+def reads_in_run(batches, fused, handler=None, device="cpu", on_device=True, **kwargs):
     torch.manual_seed(0)
-    trainer = trainer_for(Net().double().to(device), fused, **kwargs)
+    trainer = trainer_for(Net().double().to(device), fused, on_device=on_device, **kwargs)
     batches = on(device, batches)
     trainer.run(batches[:1])  # the first run's one-off work is not counted
     if handler is not None:
@@ -51,6 +54,16 @@ def test_a_fused_optimizer_makes_no_host_read_per_window(k1, k2, device):
         assert state.window == 200 // k1
         # One read for the iteration's output (loss.item(), as ignite) and one for the steps' finiteness.
         assert reads == 2 * len(batches)
+
+
+@counted
+def test_on_the_cpu_a_fused_optimizers_decision_is_read_at_each_step(device):
+    # Where a read waits for nothing it costs less than keeping the decision on the device.
+    batches = make_batches([40] * 5)
+    reads, state = reads_in_run(batches, fused=True, device=device, on_device=False)
+    assert state.optimizer_step == state.window == 5 * 8
+    per_step = 1 if device.type == "cpu" else 0  # an accelerator's decisions stay on it
+    assert reads == 2 * len(batches) - (per_step * len(batches)) + per_step * state.optimizer_step
 
 
 @counted
@@ -87,12 +100,12 @@ def test_the_window_output_is_read_only_for_handlers_of_window_events(device):
         assert isinstance(output, float) and output == pytest.approx(window_loss.item(), rel=1e-12)
 
 
-def run_with_nan(fused, terminate=False):
+def run_with_nan(fused, terminate=False, on_device=True):
     torch.manual_seed(0)
     model = Net().double()
     batches = make_batches([6, 6, 6])
     batches[1][0][4, 1, 2] = float("nan")  # window 4 (steps 9-11) of the carried stream
-    trainer = trainer_for(model, fused, 3, 5, carry_hidden=True)
+    trainer = trainer_for(model, fused, 3, 5, on_device=on_device, carry_hidden=True)
     snapshots, outputs = {}, []
     trainer.add_event_handler(
         TBPTTEvents.OPTIMIZER_STEP_COMPLETED, lambda e: snapshots.update({e.state.optimizer_step: copy.deepcopy(model)})
@@ -114,16 +127,29 @@ def test_a_fused_optimizer_refuses_a_non_finite_step_on_the_device_and_the_error
     assert not trainer.tbptt.history.segments
 
 
+def test_on_the_cpu_a_fused_optimizer_refuses_a_non_finite_step_at_the_step():
+    model, trainer, batches, snapshots, outputs = run_with_nan(fused=True, on_device=False)
+    with pytest.raises(FloatingPointError, match="non-finite gradients at optimizer step 4 .*the step was not taken"):
+        trainer.run(batches)
+    for p, q in zip(model.parameters(), snapshots[3].parameters()):
+        assert torch.equal(p, q) and torch.isfinite(p).all()
+    assert trainer.state.window == 4  # no window ran after the refused one
+    assert math.isnan(outputs[-1]) and len(outputs) == 2
+
+
 def test_terminate_on_nan_ends_a_fused_run_where_it_ends_an_unfused_one():
     ends = {}
-    for fused in (False, True):
-        model, trainer, batches, snapshots, _ = run_with_nan(fused, terminate=True)
+    for fused, on_device in ((False, False), (True, True), (True, False)):
+        model, trainer, batches, snapshots, _ = run_with_nan(fused, terminate=True, on_device=on_device)
         state = trainer.run(batches)
-        ends[fused] = state.iteration, [p.detach().clone() for p in model.parameters()]
+        ends[fused, on_device] = state.iteration, [p.detach().clone() for p in model.parameters()]
         assert math.isnan(state.output)
-    assert ends[True][0] == ends[False][0] == 2
-    for p, q in zip(ends[True][1], ends[False][1]):
-        assert torch.equal(p, q)
+    (iteration, parameters), *others = ends.values()
+    assert iteration == 2
+    for other_iteration, other_parameters in others:
+        assert other_iteration == iteration
+        for p, q in zip(parameters, other_parameters):
+            assert torch.equal(p, q)
 
 
 @counted
@@ -167,6 +193,14 @@ def test_divide_and_check_divides_every_dtype_and_flags_non_finite():
     torch.testing.assert_close(sparse.to_dense(), torch.tensor([4.0, 0.0, 8.0]) / 3)
     assert divide_and_check([torch.tensor([float("nan")])], 2).item() == 1.0
     assert divide_and_check([torch.tensor([float("inf")], dtype=torch.float64)], 2).item() == 1.0
-    # A refused step refuses every later one: the earlier decision carries over.
+    # A refused step refuses every later one: the earlier decision carries over, and is not changed.
     assert divide_and_check([torch.tensor([1.0])], 1, earlier=torch.ones(())).item() == 1.0
-    assert divide_and_check([torch.tensor([1.0])], 1, earlier=torch.zeros(())).item() == 0.0
+    earlier = torch.zeros(())
+    assert divide_and_check([torch.tensor([float("nan")])], 1, earlier=earlier).item() == 1.0
+    assert earlier.item() == 0.0
+    # A decision read at once is set in place, and kept by the caller while it reads 0.0.
+    into = torch.zeros(())
+    assert divide_and_check([torch.tensor([1.0]), g64], 2, into=into).item() == 0.0 and into.item() == 0.0
+    assert divide_and_check([torch.tensor([float("inf")])], 2, into=into) is into and into.item() == 1.0
+    with pytest.raises(ValueError, match="not both"):
+        divide_and_check([torch.tensor([1.0])], 1, earlier=earlier, into=into)
