@@ -41,7 +41,8 @@ class OptimizerStep:
     """
 
     #: Read the finiteness decision of a step whose gradients are on the CPU at once, where a read waits for nothing
-    #: (it costs a third of keeping the decision on the device); False keeps it on the device, as on an accelerator.
+    #: and saves the copy of each decision and its hand-over to the optimizer; False keeps it on the device, as on an
+    #: accelerator.
     reads_cpu_decisions = True
 
     def __init__(self, optimizer: Any, scaler: torch.amp.GradScaler | None, accumulation: int) -> None:

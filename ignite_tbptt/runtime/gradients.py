@@ -62,11 +62,16 @@ def divide_and_check(
         raise ValueError("pass earlier (a decision to copy) or into (one to set in place), not both.")
     start = into if into is not None else earlier
     first = grads[0]
-    if first.dtype in _SCALED_DTYPES and _alike(grads, first) and (start is None or _same_device(start, first)):
-        # The usual case, one kernel: dense gradients of one dtype on one device.
-        found = into if into is not None else earlier.clone() if earlier is not None else _zero(first.device).clone()
-        torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(first.device, divisor))
-        return found
+    cpu = first.is_cpu
+    if _alike(grads, first, cpu, divisor != 1) and (start is None or _same_device(start, first)):
+        # The usual case, one kernel: dense gradients on one device (of one dtype where it divides).
+        device = _CPU if cpu else first.device
+        found = into if into is not None else earlier.clone() if earlier is not None else _zero(device).clone()
+        try:
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(device, divisor))
+            return found
+        except NotImplementedError:  # a sparse gradient: the kernel has none for its layout, and nothing ran
+            pass
     # One kernel per device, dtype and whether it divides (GradScaler groups alike: one dtype per kernel).
     groups: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
     divided = []  # divided exactly first, then checked with scale one
@@ -92,15 +97,25 @@ def divide_and_check(
 
 
 _SCALED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CPU = torch.device("cpu")
 
 
-def _alike(grads: list[torch.Tensor], first: torch.Tensor) -> bool:
-    # Dense, of first's dtype, on first's device. A plain loop over flags, once per optimizer step: a torch.device
-    # made per gradient, or a generator, costs more than the check's kernel on a small model.
-    dtype, cpu = first.dtype, first.is_cpu
-    for g in grads:
-        if g.is_sparse or g.dtype is not dtype or g.is_cpu is not cpu:
+def _alike(grads: list[torch.Tensor], first: torch.Tensor, cpu: bool, divides: bool) -> bool:
+    # On first's device and, where the kernel divides, of first's dtype, one it scales (float64 is divided exactly
+    # apart): a scale of one is exact in every dtype. Sparse gradients are not looked for here: the kernel's dispatch
+    # has none for their layout and refuses before anything runs. A plain loop over flags, once per optimizer step:
+    # a torch.device made per gradient, or a generator, costs more than the check's kernel on a small model.
+    if divides:
+        dtype = first.dtype
+        if dtype not in _SCALED_DTYPES:
             return False
+        for g in grads:
+            if g.dtype is not dtype or g.is_cpu is not cpu:
+                return False
+    else:
+        for g in grads:
+            if g.is_cpu is not cpu:
+                return False
     return cpu or all(g.device == first.device for g in grads)
 
 

@@ -192,6 +192,12 @@ def test_divide_and_check_divides_every_dtype_and_flags_non_finite():
     assert torch.equal(g64, torch.tensor([1.0, 7.0], dtype=torch.float64) / 3)  # exact division in float64
     torch.testing.assert_close(sparse.to_dense(), torch.tensor([4.0, 0.0, 8.0]) / 3)
     assert divide_and_check([torch.tensor([float("nan")])], 2).item() == 1.0
+    # Without a division (a scale of one, exact in every dtype) mixed dtypes share the kernel; sparse ones do not.
+    h16, h64 = torch.tensor([2.0, 5.0], dtype=torch.float16), torch.tensor([1.0, float("inf")], dtype=torch.float64)
+    one_sparse = torch.sparse_coo_tensor([[1]], [3.0], (3,))
+    assert divide_and_check([h16, h64, one_sparse], 1).item() == 1.0
+    assert torch.equal(h16, torch.tensor([2.0, 5.0], dtype=torch.float16)) and h64[0].item() == 1.0
+    assert torch.equal(one_sparse.to_dense(), torch.tensor([0.0, 3.0, 0.0]))
     assert divide_and_check([torch.tensor([float("inf")], dtype=torch.float64)], 2).item() == 1.0
     # A refused step refuses every later one: the earlier decision carries over, and is not changed.
     assert divide_and_check([torch.tensor([1.0])], 1, earlier=torch.ones(())).item() == 1.0
