@@ -2,7 +2,7 @@
 
 A GRU of 8 units (batch 4, vocabulary 16) on one CPU thread, so that the model's compute is tiny and what is
 left is the framework's. Every method trains the same model on the same 4,000 steps (batches of 200 steps,
-each its own stream) with fused SGD (``fused=True``, which can skip a step on the device). The table gives the
+each its own stream) with fused SGD (``fused=True``, which on a GPU skips a step on the device). The table gives the
 microseconds per window that each adds over the hand loop on the same windows, and the host reads per window:
 calls of ``Tensor.item``, ``tolist``, ``__bool__``, ``__float__`` and ``__int__``, each a synchronisation on CUDA.
 Runs are interleaved and each method's time is its fastest run: what is measured is a few microseconds per

@@ -32,7 +32,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--recompute", type=int, default=None)
-    p.add_argument("--fused", action="store_true", help="Adam(fused=True): no host read per optimizer step")
+    p.add_argument("--fused", action="store_true", help="Adam(fused=True): on a GPU, no host read per optimizer step")
     p.add_argument("--autocast", choices=["bfloat16", "float16"], help="the trainer's autocast_dtype")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--rows", type=int, default=15, help="operators to list")

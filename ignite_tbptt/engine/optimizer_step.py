@@ -136,16 +136,22 @@ class OptimizerStep:
                 found_inf = self._found_inf
                 self._due = divide_and_check(grads, divisor, found_inf[-1][0] if found_inf else None)
                 found_inf.append((self._due, position))
-            elif divide_and_check(grads, divisor, into=self._finite_on(grads[0])).item():  # one read, as GradScaler's
-                self._finite = None  # set: the next check starts from a fresh one
-                raise _non_finite(_where(position))
+            else:
+                try:
+                    refused = divide_and_check(grads, divisor, into=self._finite_on(grads[0])).item()  # one read
+                except BaseException:
+                    self._finite = None  # perhaps set before the error: the next check starts from a fresh one
+                    raise
+                if refused:
+                    self._finite = None
+                    raise _non_finite(_where(position))
         return targets
 
     def _finite_on(self, grad: torch.Tensor) -> torch.Tensor:
         # The decision to check into when it is read at once: kept while it reads 0.0, so a step allocates nothing.
         finite = self._finite
         if finite is None or not (finite.is_cpu and grad.is_cpu or finite.device == grad.device):
-            finite = self._finite = torch.zeros((), device=grad.device)
+            finite = self._finite = torch.zeros((), device=grad.device, dtype=torch.float32)  # the kernel's dtype
         return finite
 
     def apply(self) -> bool:

@@ -42,7 +42,8 @@ def divide_and_check(
     ``GradScaler``'s fused unscale-and-check kernel, one per device and dtype, multiplies float32, float16 and
     bfloat16 gradients by ``1 / divisor`` (rounded to float32, as the scaler's inverse scale is) while it checks
     them: on CPU a third of the time of a division followed by a check. Float64 and sparse gradients are divided
-    exactly, then checked with the kernel's scale at one.
+    exactly, then checked with the kernel's scale at one. On the CPU, where nothing divides (a scale of one, exact
+    in every dtype), one kernel checks gradients of every dtype.
 
     Args:
         grads: the gradients.
@@ -63,14 +64,18 @@ def divide_and_check(
     start = into if into is not None else earlier
     first = grads[0]
     cpu = first.is_cpu
-    if _alike(grads, first, cpu, divisor != 1) and (start is None or _same_device(start, first)):
-        # The usual case, one kernel: dense gradients on one device (of one dtype where it divides).
+    # Off the CPU a kernel launch per dtype, as GradScaler groups them: a mixed list would cost one per tensor.
+    if _alike(grads, first, cpu, divisor != 1 or not cpu) and (start is None or _same_device(start, first)):
+        # The usual case, one kernel: dense gradients on one device (of one dtype where it divides, or off the CPU).
         device = _CPU if cpu else first.device
         found = into if into is not None else earlier.clone() if earlier is not None else _zero(device).clone()
         try:
             torch._amp_foreach_non_finite_check_and_unscale_(grads, found, _inverse(device, divisor))
             return found
-        except NotImplementedError:  # a sparse gradient: the kernel has none for its layout, and nothing ran
+        except NotImplementedError:
+            # A sparse gradient, whose layout the dispatch refuses before anything runs; or, on the CPU without a
+            # division, a dtype the kernel has no loop for, met after the others were checked at a scale of one,
+            # which changed nothing. The grouped path below checks them all again.
             pass
     # One kernel per device, dtype and whether it divides (GradScaler groups alike: one dtype per kernel).
     groups: dict[tuple[torch.device, torch.dtype, bool], list[torch.Tensor]] = {}
@@ -100,12 +105,12 @@ _SCALED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _CPU = torch.device("cpu")
 
 
-def _alike(grads: list[torch.Tensor], first: torch.Tensor, cpu: bool, divides: bool) -> bool:
-    # On first's device and, where the kernel divides, of first's dtype, one it scales (float64 is divided exactly
-    # apart): a scale of one is exact in every dtype. Sparse gradients are not looked for here: the kernel's dispatch
+def _alike(grads: list[torch.Tensor], first: torch.Tensor, cpu: bool, one_dtype: bool) -> bool:
+    # On first's device and, if one_dtype, of first's dtype, one it scales (float64 is divided exactly apart): a
+    # scale of one is exact in every dtype. Sparse gradients are not looked for here: the kernel's dispatch
     # has none for their layout and refuses before anything runs. A plain loop over flags, once per optimizer step:
     # a torch.device made per gradient, or a generator, costs more than the check's kernel on a small model.
-    if divides:
+    if one_dtype:
         dtype = first.dtype
         if dtype not in _SCALED_DTYPES:
             return False

@@ -1,4 +1,4 @@
-"""Host reads: none per window unless a handler asks for a value; non-finite steps refused on the device."""
+"""Host reads: none per window unless a handler asks for a value; non-finite steps refused on the device or at once."""
 
 import copy
 import math
@@ -198,6 +198,12 @@ def test_divide_and_check_divides_every_dtype_and_flags_non_finite():
     assert divide_and_check([h16, h64, one_sparse], 1).item() == 1.0
     assert torch.equal(h16, torch.tensor([2.0, 5.0], dtype=torch.float16)) and h64[0].item() == 1.0
     assert torch.equal(one_sparse.to_dense(), torch.tensor([0.0, 3.0, 0.0]))
+    # A sparse gradient among dense ones of one dtype, divided: each is divided once.
+    a, b = torch.tensor([3.0, 6.0]), torch.tensor([9.0])
+    one_sparse = torch.sparse_coo_tensor([[0]], [12.0], (2,))
+    assert divide_and_check([a, one_sparse, b], 3).item() == 0.0
+    assert torch.equal(a, torch.tensor([1.0, 2.0])) and torch.equal(b, torch.tensor([3.0]))
+    assert torch.equal(one_sparse.to_dense(), torch.tensor([4.0, 0.0]))
     assert divide_and_check([torch.tensor([float("inf")], dtype=torch.float64)], 2).item() == 1.0
     # A refused step refuses every later one: the earlier decision carries over, and is not changed.
     assert divide_and_check([torch.tensor([1.0])], 1, earlier=torch.ones(())).item() == 1.0
@@ -210,3 +216,35 @@ def test_divide_and_check_divides_every_dtype_and_flags_non_finite():
     assert divide_and_check([torch.tensor([float("inf")])], 2, into=into) is into and into.item() == 1.0
     with pytest.raises(ValueError, match="not both"):
         divide_and_check([torch.tensor([1.0])], 1, earlier=earlier, into=into)
+
+
+def test_a_refused_step_read_at_once_does_not_refuse_the_next_finite_one():
+    from ignite_tbptt.engine.optimizer_step import OptimizerStep
+
+    weight = torch.nn.Parameter(torch.ones(2))
+    step = OptimizerStep(torch.optim.SGD([weight], lr=0.5, fused=True), None, 1)
+    for grad, refused in (([float("nan"), 1.0], True), ([2.0, 4.0], False)):
+        step.window_started()
+        weight.grad = torch.tensor(grad)
+        step.accumulate(2, backward_mean=False)
+        step.window_completed()
+        if refused:
+            with pytest.raises(FloatingPointError, match="optimizer step 1 "):
+                step.prepare((-1, 1, 1, 1, 1))
+        else:
+            assert step.prepare((-1, 1, 1, 2, 1)) == 2
+            step.apply()
+    assert torch.equal(weight.detach(), torch.tensor([0.5, 0.0]))  # the finite step, its gradient divided by 2
+
+
+def test_a_float64_default_dtype_does_not_change_the_decisions_dtype():
+    # The kernel sets a float32 decision whatever torch's default dtype is.
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        torch.manual_seed(0)
+        trainer = trainer_for(Net(), fused=True, on_device=False)
+        state = trainer.run(make_batches([10, 10]))
+        assert state.optimizer_step == 4 and math.isfinite(state.output)
+    finally:
+        torch.set_default_dtype(default)

@@ -96,7 +96,7 @@ def test_same_parameters_and_chunk_outputs(time_dim):
     "optimizer",
     [
         lambda m: torch.optim.Adam(m.parameters(), lr=0.01),  # checked with one read per step
-        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True),  # skips on the device
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9, fused=True),  # skips on an accelerator
     ],
     ids=["adam", "fused-sgd"],
 )
