@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu_check.sh             # on a machine with CUDA; tables and logs in gpu-check/
 #   bash benchmarks/gpu_check.sh --dry-run   # the same steps on the CPU at tiny sizes (CI runs it: it cannot rot)
+#   ONLY="tests profile" bash benchmarks/gpu_check.sh   # those steps alone, the others' output in $OUT kept
 #
 # Steps, each printing its failures as they happen and writing its table or log under $OUT (default gpu-check/):
 #   1. the training tests on the device (python -m pytest --device cuda): every failing test's name as it fails; the
@@ -39,21 +40,27 @@ else
     GRAPHS=(--repeats 5)
 fi
 STEP_LIMIT=${STEP_LIMIT:-240}
-TEST_LIMIT=${TEST_LIMIT:-420}  # the training tests took 2.5 min on one H100 in 8 workers; a test may take 240 s
+TEST_LIMIT=${TEST_LIMIT:-420}  # the training tests took 3 min on one H100 in 8 workers; a test may take 240 s
 PYTEST_EXTRA=()
 if [[ "$DEVICE" != cpu ]]; then
     "$PYTHON" -c "import xdist" 2>/dev/null && PYTEST_EXTRA+=(-n "${WORKERS:-8}")
     "$PYTHON" -c "import pytest_timeout" 2>/dev/null && PYTEST_EXTRA+=(--timeout 240)
 fi
+ONLY=${ONLY:-}  # step names, separated by spaces: run those alone (a check split over calls, or one step rerun)
 mkdir -p "$OUT"
-# What an earlier check left would otherwise reach the page as this one's.
-rm -f "$OUT"/{tests,graph-tests}{,-full}.log "$OUT"/{table-float32,table-bfloat16}.{log,json,md} "$OUT"/graphs.{log,md} \
-    "$OUT"/{profile,main-job,main-job-graphs,page}.log "$OUT"/steps.tsv "$OUT"/benchmarks-cuda.md
+[[ -z $ONLY ]] && rm -f "$OUT/steps.tsv" "$OUT/benchmarks-cuda.md"
 failed=()
 
 step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT/NAME.log
     local name=$1 limit=$STEP_LIMIT
     shift
+    [[ -n $ONLY && " $ONLY " != *" $name "* ]] && return 0
+    # What an earlier run of this step left would otherwise reach the page as this one's.
+    rm -f "$OUT/$name".{log,json,md} "$OUT/$name-full.log"
+    if [[ -f "$OUT/steps.tsv" ]]; then
+        awk -F '\t' -v name="$name" '$1 != name' "$OUT/steps.tsv" >"$OUT/steps.tsv.new"
+        mv "$OUT/steps.tsv.new" "$OUT/steps.tsv"
+    fi
     [[ $name == tests ]] && limit=$TEST_LIMIT
     echo "== $name: $*"
     local start=$SECONDS

@@ -22,7 +22,7 @@ from .backward_sweep import Replay, Segment
 from .graphed import WindowGraphs
 from .in_place import StateWrittenInPlace
 from .model_call import ModelCall
-from .module_state import check_attributes, check_state_cut
+from .module_state import check_attributes, check_state_cut, recache
 from .profiling import NO_CONTEXT, profiled, profiling
 from .reset import check_resettable
 from .stream import StreamState
@@ -175,10 +175,13 @@ class SegmentExecutor:
         if not self._state_cut_checked or stream.hidden is None or self._columns_to_check is not None or profiling():
             return None
         # The window starts at its cut, so the state's graph (an eager window's; a program's state has none) is never
-        # backpropagated again: let it go now. Alive, it would keep the parameters' AccumulateGrad nodes of the stream
-        # it ran on, which the program's backward pass on another stream, or under capture, would have to wait for.
+        # backpropagated again: let it go now, from the model's caches of the state too. Alive, it would keep the
+        # parameters' AccumulateGrad nodes of the stream it ran on, which the program's backward pass on another
+        # stream, or under capture, would have to wait for.
         if any(t.requires_grad for t in hs.tensors(stream.hidden)):
-            stream.hidden = hs.detached(stream.hidden)
+            eager, stream.hidden = stream.hidden, hs.detached(stream.hidden)
+            recache(self.model_call.model, eager, stream.hidden)
+            del eager
         ran = self.graphs.run(plan, x, y, stream.hidden, resets)
         if ran is None:
             return None

@@ -147,6 +147,27 @@ def attributes_with_graph(model: torch.nn.Module, known: Sequence[str] = (), ret
     return found
 
 
+def recache(model: torch.nn.Module, old: Any, new: Any) -> None:
+    """Point the attributes that cache a tensor of the state ``old`` at the same leaf of ``new``.
+
+    Where the trainer replaces the state it carries outside a model call (by a detached copy, before a window runs
+    as a CUDA-graph program), a cache left holding the old tensor (:func:`attributes_with_graph`) would keep the last
+    window's graph alive, and with it the parameters' AccumulateGrad nodes of the stream that window ran on.
+
+    Args:
+        model: the model.
+        old: the state as the model returned it, a tensor or a tree of them.
+        new: the state that replaces it, of the same structure.
+    """
+    swap = {id(a): b for a, b in zip(hs.flatten(old), hs.flatten(new)) if a is not b}
+    if not swap:
+        return
+    for module in model.modules():
+        for name, value in [*vars(module).items(), *module._buffers.items()]:
+            if torch.is_tensor(value) and id(value) in swap:
+                setattr(module, name, swap[id(value)])
+
+
 def check_attributes(model: torch.nn.Module, window: int, returned: Any = None) -> None:
     """Refuse a model that keeps a graph in an attribute after ``window``'s backward pass.
 

@@ -36,9 +36,11 @@ def batches(length=25, count=4, columns=4, seed=0):
     return [(data[i : i + length], data[i + 1 : i + 1 + length]) for i in range(0, length * count, length)]
 
 
-def train(cuda_graphs, data, epochs=2, optimizer=None, handlers=(), cell=nn.GRU, dtype=torch.float64, **options):
+def train(
+    cuda_graphs, data, epochs=2, optimizer=None, handlers=(), cell=nn.GRU, dtype=torch.float64, model=None, **options
+):
     torch.manual_seed(0)
-    model = CharModel(cell=cell).to(dtype)
+    model = (model() if model else CharModel(cell=cell)).to(dtype)
     make = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
     opt = make(model.parameters())
     # The CPU has no graphs: the check lets the programs run there, uncaptured, as the tests of them.
@@ -97,7 +99,8 @@ def test_optimizers_and_the_inf_check_are_unchanged(device, make):
     assert runs > 0
 
 
-def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs():
+@pytest.mark.parametrize("cached", [False, True], ids=["state returned", "state also cached in an attribute"])
+def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached):
     # An eager window's graph, kept alive by the state it returned, would keep the parameters' AccumulateGrad nodes
     # of the CUDA stream it ran on; a program's backward pass on the warm-up stream would wait for that stream, and
     # under capture CUDA refuses it ("operation would make the legacy stream depend on a capturing blocking stream").
@@ -133,7 +136,8 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs():
         return original(self, *args)
 
     with mock.patch.object(graphed.WindowProgram, "__call__", checked):
-        _, _, runs = train(True, batches(), carry_hidden=True, handlers=[mark_eager_windows])
+        model = CachesItsState if cached else None  # the attribute keeps the last eager window's state
+        _, _, runs = train(True, batches(), carry_hidden=True, handlers=[mark_eager_windows], model=model)
     assert runs > 0 and len(alive_at_programs) == runs and made
     assert all(not alive for alive in alive_at_programs), alive_at_programs
 
@@ -261,6 +265,24 @@ class WithUnused(CharModel):
         self.unused = nn.Linear(3, 3)  # in the optimizer, never called: no gradient, so no step
 
 
+class CachesItsState(nn.Module):
+    """A cell loop whose layer keeps its last hidden state in an attribute, as snnTorch's do with init_hidden=False;
+    the state is returned and carried all the same, so the attribute only caches it."""
+
+    def __init__(self, vocab=10, hidden=8):
+        super().__init__()
+        self.embedding, self.cell, self.out = nn.Embedding(vocab, 6), nn.GRUCell(6, hidden), nn.Linear(hidden, vocab)
+        self.last = None
+
+    def forward(self, x, h=None):
+        h = x.new_zeros(x.shape[1], self.cell.hidden_size, dtype=self.out.weight.dtype) if h is None else h
+        outputs = []
+        for e in self.embedding(x):
+            h = self.last = self.cell(e, h)
+            outputs.append(h)
+        return self.out(torch.stack(outputs)), h
+
+
 def train_with(cuda_graphs, data, make_model, make_optimizer, handlers=(), **options):
     torch.manual_seed(0)
     model = make_model().double()
@@ -309,6 +331,22 @@ def test_parameters_without_a_gradient_and_changed_sets_of_trained_parameters(de
     make_model, make_optimizer, handlers, options, run_data = setups[case]
     eager = train_with(False, run_data, make_model, make_optimizer, handlers, carry_hidden=True, **options)
     graphed_params = train_with(True, run_data, make_model, make_optimizer, handlers, carry_hidden=True, **options)
+    for p, q in zip(eager, graphed_params):
+        if device.type == "cpu":
+            assert torch.equal(p, q)
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+def test_a_layer_caching_its_returned_state_in_an_attribute(device):
+    # Replays do not call the model, so the attribute holds what the capture left: a cache, never read as state.
+    data = batches()
+
+    def adam(params):
+        return torch.optim.Adam(params, lr=0.01)
+
+    eager = train_with(False, data, CachesItsState, adam, carry_hidden=True)
+    graphed_params = train_with(True, data, CachesItsState, adam, carry_hidden=True)
     for p, q in zip(eager, graphed_params):
         if device.type == "cpu":
             assert torch.equal(p, q)

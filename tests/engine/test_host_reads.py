@@ -127,6 +127,7 @@ def test_a_fused_optimizer_refuses_a_non_finite_step_on_the_device_and_the_error
     assert not trainer.tbptt.history.segments
 
 
+@pytest.mark.cpu_only("the CPU's own path: an accelerator keeps each decision on the device")
 def test_on_the_cpu_a_fused_optimizer_refuses_a_non_finite_step_at_the_step():
     model, trainer, batches, snapshots, outputs = run_with_nan(fused=True, on_device=False)
     with pytest.raises(FloatingPointError, match="non-finite gradients at optimizer step 4 .*the step was not taken"):
@@ -218,6 +219,7 @@ def test_divide_and_check_divides_every_dtype_and_flags_non_finite():
         divide_and_check([torch.tensor([1.0])], 1, earlier=earlier, into=into)
 
 
+@pytest.mark.cpu_only("the CPU's own path: an accelerator keeps each decision on the device")
 def test_a_refused_step_read_at_once_does_not_refuse_the_next_finite_one():
     from ignite_tbptt.engine.optimizer_step import OptimizerStep
 

@@ -232,10 +232,18 @@ def two_processes(device):
     return ["--device", str(device)]
 
 
-def test_more_processes_than_gpus_are_refused_with_the_fix(capsys):
+def test_more_processes_than_gpus_are_refused_with_the_fix(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(SystemExit):
-        char_lm.main([*STREAM, "--device", "cuda", "--nproc", str(max(2, torch.cuda.device_count() + 1))])
-    assert "puts each process on a GPU of its own" in capsys.readouterr().err
+        char_lm.main([*STREAM, "--device", "cuda", "--nproc", "2"])
+    assert "puts each process on a GPU of its own, and torch sees 1: pass --nproc 1" in capsys.readouterr().err
+
+
+def test_processes_on_one_named_gpu_are_refused_with_the_fix(capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(SystemExit):
+        char_lm.main([*STREAM, "--device", "cuda:1", "--nproc", "2"])
+    assert "each process takes the GPU of its local rank: pass --device cuda." in capsys.readouterr().err
 
 
 def test_two_processes_train_the_main_job_as_one(tmp_path, two_processes):

@@ -18,6 +18,25 @@ def test_every_example_takes_device_defaulting_to_cuda_where_there_is_one(name):
     assert example(name).parse_args([]).device == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@pytest.mark.parametrize("name", EXAMPLES)
+@pytest.mark.parametrize(
+    ("device", "gpus", "fix"),
+    [
+        ("cuda", 0, "sees no CUDA device: pass --device cpu"),
+        ("cuda:1", 1, "torch sees 1 CUDA device(s): pass cuda:0, or cuda"),
+        ("cuda:4", 2, "torch sees 2 CUDA device(s): pass cuda:0 to cuda:1, or cuda"),
+        ("gpu", 1, "'gpu' is not a device: pass cpu, cuda or cuda:N"),
+    ],
+)
+def test_every_example_refuses_a_device_torch_does_not_see_as_it_reads_its_options(
+    name, device, gpus, fix, monkeypatch, capsys
+):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    with pytest.raises(SystemExit):
+        example(name).parse_args(["--device", device])
+    assert fix in capsys.readouterr().err
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the default device is cuda here: its kernels round otherwise")
 @pytest.mark.parametrize(
