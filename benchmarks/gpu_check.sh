@@ -46,9 +46,17 @@ if [[ "$DEVICE" != cpu ]]; then
     "$PYTHON" -c "import xdist" 2>/dev/null && PYTEST_EXTRA+=(-n "${WORKERS:-8}")
     "$PYTHON" -c "import pytest_timeout" 2>/dev/null && PYTEST_EXTRA+=(--timeout 240)
 fi
+STEPS="tests graph-tests table-float32 table-bfloat16 graphs profile main-job main-job-graphs page"
 ONLY=${ONLY:-}  # step names, separated by spaces: run those alone (a check split over calls, or one step rerun)
+for name in $ONLY; do
+    [[ " $STEPS " == *" $name "* ]] || { echo "ONLY: no step named $name; the steps: $STEPS" >&2; exit 2; }
+done
 mkdir -p "$OUT"
-[[ -z $ONLY ]] && rm -f "$OUT/steps.tsv" "$OUT/benchmarks-cuda.md"
+if [[ -z $ONLY ]]; then  # a whole check: nothing an earlier one left may reach the page as this one's
+    rm -f "$OUT"/{tests,graph-tests}{,-full}.log "$OUT"/{table-float32,table-bfloat16}.{log,json,md} \
+        "$OUT"/graphs.{log,md} "$OUT"/{profile,main-job,main-job-graphs,page}.log "$OUT"/steps.tsv \
+        "$OUT"/benchmarks-cuda.md
+fi
 failed=()
 
 step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT/NAME.log
@@ -57,6 +65,7 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
     [[ -n $ONLY && " $ONLY " != *" $name "* ]] && return 0
     # What an earlier run of this step left would otherwise reach the page as this one's.
     rm -f "$OUT/$name".{log,json,md} "$OUT/$name-full.log"
+    [[ $name == page ]] && rm -f "$OUT/benchmarks-cuda.md"
     if [[ -f "$OUT/steps.tsv" ]]; then
         awk -F '\t' -v name="$name" '$1 != name' "$OUT/steps.tsv" >"$OUT/steps.tsv.new"
         mv "$OUT/steps.tsv.new" "$OUT/steps.tsv"

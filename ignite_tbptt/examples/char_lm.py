@@ -327,7 +327,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.nproc > max(gpus, 1) and torch.device(args.device).type == "cuda":
         fix = f"pass --nproc {gpus} or fewer, or --device cpu" if gpus else "pass --device cpu"
         p.error(f"--nproc {args.nproc} on CUDA puts each process on a GPU of its own, and torch sees {gpus}: {fix}.")
-    if args.nproc > 1 and torch.device(args.device).index is not None:
+    if args.nproc > 1 and torch.device(args.device).type == "cuda" and torch.device(args.device).index is not None:
         p.error(
             f"--device {args.device} with --nproc {args.nproc} would put every process on one device; each process "
             "takes the GPU of its local rank: pass --device cuda."

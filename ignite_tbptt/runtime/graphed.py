@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 
 from . import hidden as hs
 from .model_call import ModelCall
+from .module_state import recache
 
 __all__ = ["WindowGraphs", "WindowProgram", "GraphCaptureError", "check_graphable"]
 
@@ -111,7 +112,10 @@ class WindowProgram:
         loss = mean if self.backward_mean else mean * self.targets
         root = graphs.scaler.scale(loss) if graphs.scaler is not None else loss
         window_grads = torch.autograd.grad(root, graphs.trained, allow_unused=True)
-        return mean.detach(), [t.detach() for t in hs.flatten(hidden_out)], hs.detached(y_pred), window_grads
+        state = [t.detach() for t in hs.flatten(hidden_out)]
+        if graphs.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
+            recache(graphs.model_call.model, hidden_out, hs.unflatten(hidden_out, state))
+        return mean.detach(), state, hs.detached(y_pred), window_grads
 
 
 class WindowGraphs:

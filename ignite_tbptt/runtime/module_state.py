@@ -25,7 +25,10 @@ from torch.utils import _pytree as pytree
 from . import hidden as hs
 from .in_place import tensors_with_paths
 
-__all__ = ["ModuleState", "attributes_with_graph", "check_attributes", "check_state_cut"]
+__all__ = ["ModuleState", "attributes_with_graph", "check_attributes", "check_state_cut", "recache"]
+
+# What every module holds in its __dict__ (its parameters, buffers, submodules and hooks): never a cache of the state.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 # module -> {attribute: the value every stream starts from}, for every ModuleState naming the attribute.
 _INITIAL: weakref.WeakKeyDictionary[torch.nn.Module, dict[str, Any]] = weakref.WeakKeyDictionary()
@@ -117,8 +120,9 @@ def _detached(value: Any) -> Any:
 def attributes_with_graph(model: torch.nn.Module, known: Sequence[str] = (), returned: Any = None) -> list[str]:
     """Paths of the tensors held in ``model``'s attributes (buffers too, not parameters) that carry a graph.
 
-    Such a tensor is hidden state the trainer does not see (it would be neither cut nor reset nor saved), or a
-    tensor the model kept by mistake, unless it is a cache of the returned state: the very tensor object (identity,
+    An attribute may hold a tensor, or a tuple, list or dict of them (an LSTM's ``(h, c)``). Such a tensor is
+    hidden state the trainer does not see (it would be neither cut nor reset nor saved), or a tensor the model kept
+    by mistake, unless it is a cache of the returned state: the very tensor object (identity,
     not equal values) that is a leaf of ``returned``. snnTorch's neurons built with ``init_hidden=False`` keep the
     membrane they return in ``self.mem``, and a model may keep ``self.last_h = h`` beside returning ``h``. Such a
     cache is safe: the trainer carries, cuts, resets and saves that tensor through the returned tree, and hands each
@@ -135,15 +139,22 @@ def attributes_with_graph(model: torch.nn.Module, known: Sequence[str] = (), ret
             attribute is a cache.
 
     Returns:
-        The paths, such as ``"lif1.mem"``, in the order of ``model.named_modules()``.
+        The paths, such as ``"lif1.mem"`` or ``"cell.last[0]"``, in the order of ``model.named_modules()``.
     """
     cached = {id(t) for t in hs.flatten(returned)}  # ``returned`` keeps its tensors alive, so their ids are theirs
     found = []
     for prefix, module in model.named_modules():
         for name, value in {**vars(module), **module._buffers}.items():
             path = f"{prefix}.{name}" if prefix else name
-            if torch.is_tensor(value) and value.grad_fn is not None and path not in known and id(value) not in cached:
-                found.append(path)
+            if path in known:
+                continue
+            if torch.is_tensor(value):
+                if value.grad_fn is not None and id(value) not in cached:
+                    found.append(path)
+            elif isinstance(value, (tuple, list, dict)) and name not in _MODULE_INTERNALS:  # an LSTM's (h, c), say
+                for key, leaf in pytree.tree_flatten_with_path(value)[0]:
+                    if torch.is_tensor(leaf) and leaf.grad_fn is not None and id(leaf) not in cached:
+                        found.append(path + pytree.keystr(key))
     return found
 
 
@@ -151,8 +162,10 @@ def recache(model: torch.nn.Module, old: Any, new: Any) -> None:
     """Point the attributes that cache a tensor of the state ``old`` at the same leaf of ``new``.
 
     Where the trainer replaces the state it carries outside a model call (by a detached copy, before a window runs
-    as a CUDA-graph program), a cache left holding the old tensor (:func:`attributes_with_graph`) would keep the last
-    window's graph alive, and with it the parameters' AccumulateGrad nodes of the stream that window ran on.
+    as a CUDA-graph program, and after each run that captures one), a cache left holding the old tensor would keep
+    that call's graph alive, and with it the parameters' AccumulateGrad nodes of the stream it ran on. An attribute
+    holding a tree of tensors (an LSTM's ``(h, c)``) is rebuilt with the new leaves. Values are written back where
+    they were read, the module's ``__dict__`` or its buffers, without the module's ``__setattr__``.
 
     Args:
         model: the model.
@@ -162,10 +175,22 @@ def recache(model: torch.nn.Module, old: Any, new: Any) -> None:
     swap = {id(a): b for a, b in zip(hs.flatten(old), hs.flatten(new)) if a is not b}
     if not swap:
         return
+
+    def swapped(t: torch.Tensor) -> torch.Tensor:
+        return swap.get(id(t), t)
+
     for module in model.modules():
-        for name, value in [*vars(module).items(), *module._buffers.items()]:
-            if torch.is_tensor(value) and id(value) in swap:
-                setattr(module, name, swap[id(value)])
+        for where in (vars(module), module._buffers):
+            for name, value in list(where.items()):
+                if torch.is_tensor(value):
+                    if id(value) in swap:
+                        where[name] = swap[id(value)]
+                elif (
+                    isinstance(value, (tuple, list, dict))
+                    and name not in _MODULE_INTERNALS
+                    and any(id(t) in swap for t in pytree.tree_leaves(value) if torch.is_tensor(t))
+                ):
+                    where[name] = pytree.tree_map_only(torch.Tensor, swapped, value)
 
 
 def check_attributes(model: torch.nn.Module, window: int, returned: Any = None) -> None:

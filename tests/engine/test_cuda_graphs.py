@@ -4,6 +4,7 @@ On the CPU the same programs run without capture, and must give the eager traine
 ``--device cuda`` they are captured and replayed, and must agree with the eager trainer to float64 rounding.
 """
 
+import functools
 from unittest import mock
 
 import pytest
@@ -99,7 +100,9 @@ def test_optimizers_and_the_inf_check_are_unchanged(device, make):
     assert runs > 0
 
 
-@pytest.mark.parametrize("cached", [False, True], ids=["state returned", "state also cached in an attribute"])
+@pytest.mark.parametrize(
+    "cached", [None, "gru", "lstm"], ids=["state returned", "state cached in an attribute", "(h, c) cached as a tuple"]
+)
 def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached):
     # An eager window's graph, kept alive by the state it returned, would keep the parameters' AccumulateGrad nodes
     # of the CUDA stream it ran on; a program's backward pass on the warm-up stream would wait for that stream, and
@@ -136,7 +139,7 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached):
         return original(self, *args)
 
     with mock.patch.object(graphed.WindowProgram, "__call__", checked):
-        model = CachesItsState if cached else None  # the attribute keeps the last eager window's state
+        model = functools.partial(CachesItsState, lstm=cached == "lstm") if cached else None
         _, _, runs = train(True, batches(), carry_hidden=True, handlers=[mark_eager_windows], model=model)
     assert runs > 0 and len(alive_at_programs) == runs and made
     assert all(not alive for alive in alive_at_programs), alive_at_programs
@@ -266,21 +269,25 @@ class WithUnused(CharModel):
 
 
 class CachesItsState(nn.Module):
-    """A cell loop whose layer keeps its last hidden state in an attribute, as snnTorch's do with init_hidden=False;
-    the state is returned and carried all the same, so the attribute only caches it."""
+    """A cell loop whose layer keeps its last hidden state in an attribute, as snnTorch's do with init_hidden=False
+    (an LSTM's ``(h, c)`` as a tuple); the state is returned and carried all the same, so the attribute only caches it.
+    """
 
-    def __init__(self, vocab=10, hidden=8):
+    def __init__(self, vocab=10, hidden=8, lstm=False):
         super().__init__()
-        self.embedding, self.cell, self.out = nn.Embedding(vocab, 6), nn.GRUCell(6, hidden), nn.Linear(hidden, vocab)
+        self.embedding, self.out = nn.Embedding(vocab, 6), nn.Linear(hidden, vocab)
+        self.cell, self.lstm = (nn.LSTMCell if lstm else nn.GRUCell)(6, hidden), lstm
         self.last = None
 
-    def forward(self, x, h=None):
-        h = x.new_zeros(x.shape[1], self.cell.hidden_size, dtype=self.out.weight.dtype) if h is None else h
+    def forward(self, x, state=None):
+        if state is None:
+            zeros = x.new_zeros(x.shape[1], self.cell.hidden_size, dtype=self.out.weight.dtype)
+            state = (zeros, zeros) if self.lstm else zeros
         outputs = []
         for e in self.embedding(x):
-            h = self.last = self.cell(e, h)
-            outputs.append(h)
-        return self.out(torch.stack(outputs)), h
+            state = self.last = self.cell(e, state)
+            outputs.append(state[0] if self.lstm else state)
+        return self.out(torch.stack(outputs)), state
 
 
 def train_with(cuda_graphs, data, make_model, make_optimizer, handlers=(), **options):
@@ -338,15 +345,26 @@ def test_parameters_without_a_gradient_and_changed_sets_of_trained_parameters(de
             torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
 
 
-def test_a_layer_caching_its_returned_state_in_an_attribute(device):
-    # Replays do not call the model, so the attribute holds what the capture left: a cache, never read as state.
-    data = batches()
+@pytest.mark.parametrize("lstm", [False, True], ids=["GRU cell", "LSTM cell, (h, c) cached as a tuple"])
+def test_a_layer_caching_its_returned_state_in_an_attribute(device, lstm):
+    # On a GPU the attribute would keep each eager window's, warm-up's or capture's graph into the next capture; 23
+    # steps a batch make two window shapes, so two captures.
+    data = batches(length=23)
+    runs = []
+    original = graphed.WindowProgram.__call__
+
+    def counted(self, *args):
+        runs.append(self)
+        return original(self, *args)
 
     def adam(params):
         return torch.optim.Adam(params, lr=0.01)
 
-    eager = train_with(False, data, CachesItsState, adam, carry_hidden=True)
-    graphed_params = train_with(True, data, CachesItsState, adam, carry_hidden=True)
+    model = functools.partial(CachesItsState, lstm=lstm)
+    eager = train_with(False, data, model, adam, carry_hidden=True)
+    with mock.patch.object(graphed.WindowProgram, "__call__", counted):
+        graphed_params = train_with(True, data, model, adam, carry_hidden=True)
+    assert len({id(program) for program in runs}) == 2 and len(runs) > 20
     for p, q in zip(eager, graphed_params):
         if device.type == "cpu":
             assert torch.equal(p, q)
