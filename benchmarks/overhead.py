@@ -9,7 +9,7 @@ Runs are interleaved and each method's time is its fastest run: what is measured
 window, and on a shared machine noise only adds time (as ``timeit`` advises, the minimum is the estimate).
 
 With ``--instructions`` (Linux, ``valgrind`` on the path) each method also runs alone under valgrind's cachegrind,
-once on 200 steps and once on 1,000, and the second table gives the difference per window over the hand loop's:
+once on 200 steps and once on 1,000, and a last table gives the difference per window over the hand loop's:
 instructions executed, and misses of the simulated first-level instruction and data caches. Those counts do not
 depend on what else the machine runs, and the fixed cost of a run (building the trainer, the first call's checks)
 drops out of the difference; Python's cyclic garbage collector is off in those runs, whose full collections
@@ -20,16 +20,23 @@ would come at different points in the two. What the counts leave out is how the 
 - k1 = 1, k2 = 8 (per-token backward): the exact hand loop (``benchmarks.methods.segmented``, one call per
   step here) against ``create_tbptt_trainer``; ignite's trainer cannot do k2 > k1.
 
+A second table times each check, and the clearing of the gradients before a step's first window, alone
+(``timeit``, on this model's gradients and state): at a few µs each they are below the noise of whole runs,
+which the ablation rows differ by.
+
 ``ours, unfused SGD`` is ``create_tbptt_trainer`` with the plain SGD, whose finiteness check reads once per step on
 an accelerator too. ``ours, decisions on the device (an accelerator's path)`` runs the check as on a GPU, where a
 read would wait for the queue: each step's decision is kept on the device (a copy of the last one, checked into)
 and handed to the fused optimizer as ``found_inf``, which skips the step there; the decisions are read once per
 iteration. Neither the hand loops nor ignite's trainer check anything; ``create_tbptt_trainer`` checks, and the
-two ablations show what each check costs (neither is an option of the trainer):
+two ablations show what each check costs (neither is an option of the trainer), beside what calling torch's
+``zero_grad()`` would cost:
 
 - ``ours, no inf/NaN check (ablation)``: the gradients' check at every optimizer step (a kernel and the read of
   its decision, which on the CPU waits for nothing) replaced by a constant "all finite"; a step with inf/NaN
   gradients would then be applied.
+- ``ours, calling torch's zero_grad()``: the gradients cleared by the optimizer's ``zero_grad()`` rather than set to
+  ``None`` directly, which is all torch's does; its profiler range and guard against dynamo cost the difference.
 - ``ours, no state checks (ablation)``: the checks around every model call (the version counters of the state it
   was given, read before and after, so that a write into it is named; the structure and shapes of the state it
   returns) left out; a model writing into its state would then train on wrong gradients.
@@ -47,6 +54,7 @@ import shutil
 import subprocess
 import sys
 import time
+import timeit
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -108,6 +116,7 @@ def contenders(k1, k2):
         "ours, decisions on the device (an accelerator's path)": decided_on_device,
         "ours, no inf/NaN check (ablation)": unchecked,
         "ours, no state checks (ablation)": unchecked_state,
+        "ours, calling torch's zero_grad()": zero_grad_called,
     }
     if k1 == k2:
         return {"hand": methods.hand, "ignite": methods.ignite, **ours}
@@ -134,6 +143,12 @@ def unchecked(*args):
 def decided_on_device(*args):
     """``methods.ours`` with each step's decision kept on the device even on the CPU, as on an accelerator."""
     with mock.patch.object(optimizer_step.OptimizerStep, "reads_cpu_decisions", False):
+        return methods.ours(*args)
+
+
+def zero_grad_called(*args):
+    """``methods.ours`` calling the optimizer's ``zero_grad()`` before each step's first window, as before 0.4."""
+    with mock.patch.object(optimizer_step, "_torchs_zero_grad", lambda optimizer: False):
         return methods.ours(*args)
 
 
@@ -188,6 +203,66 @@ def measure(repeats: int, steps: int) -> list[dict]:
             )
         print(f"timed k1={k1} k2={k2}", file=sys.stderr, flush=True)
     return rows
+
+
+def parts(number: int = 20_000, repeats: int = 7) -> list[tuple[str, float]]:
+    """What each check and the clearing of the gradients cost alone, in µs per window (``timeit``'s fastest repeat).
+
+    On this model's gradients and hidden state: the parts whose cost the ablation rows show are a few µs each,
+    below the noise of whole runs, so each is also timed alone, as the trainer runs it once a window.
+    """
+    from operator import attrgetter
+
+    from ignite_tbptt.runtime import hidden as hs
+    from ignite_tbptt.runtime.gradients import divide_and_check
+
+    torch.manual_seed(0)
+    model = methods.CharModel("gru", vocab=16, embedding=8, hidden=8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grads = [torch.zeros_like(p) for p in params]
+    flag = torch.zeros(())
+    hidden, returned = torch.zeros(1, 4, 8), torch.zeros(1, 4, 8)
+    version = attrgetter("_version")
+
+    def give_grads():
+        for p, g in zip(params, grads):
+            p.grad = g
+
+    def inf_nan_check():
+        give_grads()
+        listed = [g for group in optimizer.param_groups for p in group["params"] if (g := p.grad) is not None]
+        return divide_and_check(listed, 1, into=flag).item()
+
+    def state_checks():
+        tensors = hs.tensors(hidden)
+        before = list(map(version, tensors))
+        return list(map(version, tensors)) != before or not hs.interchangeable(returned, hidden)
+
+    def zero_grad_called():
+        give_grads()
+        optimizer.zero_grad()
+
+    def set_to_none():
+        give_grads()
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+    def timed(function):
+        return min(timeit.repeat(function, number=number, repeat=repeats)) / number * 1e6
+
+    baseline = timed(give_grads)  # handing the gradients back, which the trainer does not do, is taken off
+    return [
+        ("the inf/NaN check: the gradients listed, one kernel, one read", timed(inf_nan_check) - baseline),
+        ("the state checks: version counters before and after, structure and shapes", timed(state_checks)),
+        ("torch's zero_grad()", timed(zero_grad_called) - baseline),
+        ("the same, each gradient set to None directly (this trainer)", timed(set_to_none) - baseline),
+    ]
+
+
+def parts_table(rows: list[tuple[str, float]]) -> str:
+    return markdown_table(["part, once a window", "µs"], [[name, f"{us:.1f}"] for name, us in rows])
 
 
 def table(rows: list[dict]) -> str:
@@ -278,6 +353,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
+    p.add_argument("--calls", type=int, default=20_000, help="calls per repeat when each part is timed alone")
     p.add_argument("--instructions", action="store_true", help="also count instructions and cache misses (valgrind)")
     p.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -287,6 +363,8 @@ def main(argv=None):
     torch.set_num_threads(1)
     rows = measure(args.repeats, args.steps)
     text = table(rows)
+    text += f"\n\nEach part alone (``timeit``, the fastest of 7 repeats of {args.calls:,} calls, on this model):\n\n"
+    text += parts_table(parts(args.calls))
     if args.instructions:
         text += "\n\nCounted by cachegrind, per window over the hand loop (1,000 steps minus 200):\n\n"
         text += simulated_table(simulated())
