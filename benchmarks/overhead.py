@@ -209,19 +209,22 @@ def parts(number: int = 20_000, repeats: int = 7) -> list[tuple[str, float]]:
     """What each check and the clearing of the gradients cost alone, in µs per window (``timeit``'s fastest repeat).
 
     On this model's gradients and hidden state: the parts whose cost the ablation rows show are a few µs each,
-    below the noise of whole runs, so each is also timed alone, as the trainer runs it once a window.
+    below the noise of whole runs, so each is also timed alone, as the trainer runs it once a window: the optimizer
+    step's own code (:class:`~ignite_tbptt.engine.optimizer_step.OptimizerStep`) for the inf/NaN check and the
+    clearing, the model call's checks as ``ModelCall`` makes them.
     """
     from operator import attrgetter
 
     from ignite_tbptt.runtime import hidden as hs
-    from ignite_tbptt.runtime.gradients import divide_and_check
 
     torch.manual_seed(0)
     model = methods.CharModel("gru", vocab=16, embedding=8, hidden=8)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    step = optimizer_step.OptimizerStep(optimizer, None, 1)
+    with mock.patch.object(optimizer_step, "_torchs_zero_grad", lambda optimizer: False):
+        calling = optimizer_step.OptimizerStep(optimizer, None, 1)  # clears through torch's zero_grad()
+    params = step.parameters()
     grads = [torch.zeros_like(p) for p in params]
-    flag = torch.zeros(())
     hidden, returned = torch.zeros(1, 4, 8), torch.zeros(1, 4, 8)
     version = attrgetter("_version")
 
@@ -229,10 +232,10 @@ def parts(number: int = 20_000, repeats: int = 7) -> list[tuple[str, float]]:
         for p, g in zip(params, grads):
             p.grad = g
 
-    def inf_nan_check():
+    def inf_nan_check():  # a step of one window's mean: the gradients listed, one kernel, one read
         give_grads()
-        listed = [g for group in optimizer.param_groups for p in group["params"] if (g := p.grad) is not None]
-        return divide_and_check(listed, 1, into=flag).item()
+        step.accumulate(20, backward_mean=True)
+        return step.prepare((-1, 1, 1, 1, 1))
 
     def state_checks():
         tensors = hs.tensors(hidden)
@@ -241,13 +244,11 @@ def parts(number: int = 20_000, repeats: int = 7) -> list[tuple[str, float]]:
 
     def zero_grad_called():
         give_grads()
-        optimizer.zero_grad()
+        calling.window_started()
 
     def set_to_none():
         give_grads()
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                p.grad = None
+        step.window_started()
 
     def timed(function):
         return min(timeit.repeat(function, number=number, repeat=repeats)) / number * 1e6

@@ -82,9 +82,8 @@ class OptimizerStep:
         """A window starts: the first of a step clears the gradients (``zero_grad()``, to ``None``)."""
         if self.accumulated == 0:
             if self._clears_directly and not profiling():  # a profiler's trace keeps torch's range
-                for group in self.optimizer.param_groups:
-                    for p in group["params"]:
-                        p.grad = None
+                for p in self.parameters():
+                    p.grad = None
             else:
                 self.optimizer.zero_grad()
 

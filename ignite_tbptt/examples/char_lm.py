@@ -323,11 +323,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--artbp and --adaptive choose the windows in two ways: pass one of them.")
     if args.fsdp and args.nproc < 2:
         p.error("--fsdp shards the model over processes: pass --nproc 2 or more.")
-    gpus = torch.cuda.device_count()
-    if args.nproc > max(gpus, 1) and torch.device(args.device).type == "cuda":
+    gpus, device = torch.cuda.device_count(), torch.device(args.device)
+    if args.nproc > max(gpus, 1) and device.type == "cuda":
         fix = f"pass --nproc {gpus} or fewer, or --device cpu" if gpus else "pass --device cpu"
         p.error(f"--nproc {args.nproc} on CUDA puts each process on a GPU of its own, and torch sees {gpus}: {fix}.")
-    if args.nproc > 1 and torch.device(args.device).type == "cuda" and torch.device(args.device).index is not None:
+    if args.nproc > 1 and device.type == "cuda" and device.index is not None:
         p.error(
             f"--device {args.device} with --nproc {args.nproc} would put every process on one device; each process "
             "takes the GPU of its local rank: pass --device cuda."

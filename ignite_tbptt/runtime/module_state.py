@@ -16,7 +16,7 @@ neurons with ``init_hidden=False`` keep their returned membrane in ``mem``).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -144,18 +144,27 @@ def attributes_with_graph(model: torch.nn.Module, known: Sequence[str] = (), ret
     cached = {id(t) for t in hs.flatten(returned)}  # ``returned`` keeps its tensors alive, so their ids are theirs
     found = []
     for prefix, module in model.named_modules():
-        for name, value in {**vars(module), **module._buffers}.items():
+        for _, name, value in _held(module):
             path = f"{prefix}.{name}" if prefix else name
             if path in known:
                 continue
             if torch.is_tensor(value):
                 if value.grad_fn is not None and id(value) not in cached:
                     found.append(path)
-            elif isinstance(value, (tuple, list, dict)) and name not in _MODULE_INTERNALS:  # an LSTM's (h, c), say
+            else:  # a tree of them, an LSTM's (h, c) say
                 for key, leaf in pytree.tree_flatten_with_path(value)[0]:
                     if torch.is_tensor(leaf) and leaf.grad_fn is not None and id(leaf) not in cached:
                         found.append(path + pytree.keystr(key))
     return found
+
+
+def _held(module: torch.nn.Module) -> Iterator[tuple[dict, str, Any]]:
+    # (where, name, value) for each attribute of `module` that may hold state: a tensor, or a tuple, list or dict
+    # (of tensors, perhaps), in its __dict__ or its buffers; not its parameters, submodules or hooks.
+    for where in (vars(module), module._buffers):
+        for name, value in list(where.items()):  # a copy: recache() writes values back as it goes
+            if torch.is_tensor(value) or isinstance(value, (tuple, list, dict)) and name not in _MODULE_INTERNALS:
+                yield where, name, value
 
 
 def recache(model: torch.nn.Module, old: Any, new: Any) -> None:
@@ -180,17 +189,12 @@ def recache(model: torch.nn.Module, old: Any, new: Any) -> None:
         return swap.get(id(t), t)
 
     for module in model.modules():
-        for where in (vars(module), module._buffers):
-            for name, value in list(where.items()):
-                if torch.is_tensor(value):
-                    if id(value) in swap:
-                        where[name] = swap[id(value)]
-                elif (
-                    isinstance(value, (tuple, list, dict))
-                    and name not in _MODULE_INTERNALS
-                    and any(id(t) in swap for t in pytree.tree_leaves(value) if torch.is_tensor(t))
-                ):
-                    where[name] = pytree.tree_map_only(torch.Tensor, swapped, value)
+        for where, name, value in _held(module):
+            if torch.is_tensor(value):
+                if id(value) in swap:
+                    where[name] = swap[id(value)]
+            elif any(id(t) in swap for t in pytree.tree_leaves(value) if torch.is_tensor(t)):
+                where[name] = pytree.tree_map_only(torch.Tensor, swapped, value)
 
 
 def check_attributes(model: torch.nn.Module, window: int, returned: Any = None) -> None:
