@@ -34,6 +34,20 @@ class Layout(NamedTuple):
 
     time_dim: int = 0
 
+    @classmethod
+    def of(cls, time_dim: Any) -> Layout:
+        """The layout of a trainer's or an evaluator's ``time_dim`` argument, made once where the options are read.
+
+        Raises:
+            TypeError: if ``time_dim`` is not an int.
+        """
+        if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+            raise TypeError(
+                f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *), -1 for the last axis), "
+                f"got {time_dim!r}."
+            )
+        return cls(time_dim)
+
     def time_first(self, t: Any) -> bool:
         """Whether time is ``t``'s first axis, so that ``starts`` is ``(T, B)`` rather than ``(B, T)``."""
         return self.time_dim % t.dim() == 0
@@ -41,6 +55,10 @@ class Layout(NamedTuple):
     def batch_axis(self, t: Any) -> int:
         """The batch dimension of ``t``: 1 if time is its first axis, else 0."""
         return 1 if self.time_first(t) else 0
+
+    def starts_axes(self, x: Any) -> tuple[int, int]:
+        """The time and batch axes of the ``starts`` of a batch whose input is ``x``: ``(T, B)`` or ``(B, T)``."""
+        return (0, 1) if self.time_first(x) else (1, 0)
 
     def length(self, t: Any) -> int:
         """The number of steps of ``t``."""

@@ -88,14 +88,11 @@ def check_pair(x: Any, y: Any, layout: Layout) -> int:
     return x.shape[time_dim]
 
 
-def check_starts(starts: Any, x: torch.Tensor, layout: Layout) -> int:
+def check_starts(starts: Any, x: torch.Tensor, layout: Layout) -> None:
     """Check that ``starts`` is a bool tensor over ``x``'s time and batch dimensions.
 
     ``starts`` has shape ``(T, B)`` when time is ``x``'s first axis, ``(T, B, *)``, and ``(B, T)`` otherwise
     (``(B, T, *)``, ``(B, C, T)``): :class:`~ignite_tbptt.layout.Layout`.
-
-    Returns:
-        The time dimension of ``starts``: 0 or 1.
 
     Raises:
         TypeError: if ``starts`` is not a bool tensor.
@@ -121,22 +118,21 @@ def check_starts(starts: Any, x: torch.Tensor, layout: Layout) -> int:
             f"starts is on {starts.device} and x on {x.device}; move both to one device (the default "
             "prepare_batch moves the whole batch (x, y, starts) to the trainer's device)."
         )
-    return 0 if time_first else 1
 
 
-def start_steps(starts: torch.Tensor, axis: int) -> list[int]:
+def start_steps(starts: torch.Tensor, batch_axis: int) -> list[int]:
     """The steps of the batch where some column starts a sequence, ascending (one read from the device).
 
     Args:
         starts: the batch's starts.
-        axis: the time dimension of ``starts``, as :func:`check_starts` returns it.
+        batch_axis: the batch dimension of ``starts`` (:meth:`~ignite_tbptt.layout.Layout.starts_axes`).
     """
-    return torch.nonzero(starts.any(dim=1 - axis)).flatten().tolist()
+    return torch.nonzero(starts.any(dim=batch_axis)).flatten().tolist()
 
 
-def starts_at(starts: torch.Tensor, step: int, axis: int) -> torch.Tensor:
-    """The columns that start a sequence at ``step`` of the batch, shape ``(B,)``; ``axis``: starts' time dim."""
-    return starts.select(axis, step)
+def starts_at(starts: torch.Tensor, step: int, time_axis: int) -> torch.Tensor:
+    """The columns that start a sequence at ``step`` of the batch, shape ``(B,)``; ``time_axis``: starts' time dim."""
+    return starts.select(time_axis, step)
 
 
 def resets_by_step(starts: Any, x: torch.Tensor, layout: Layout) -> dict[int, torch.Tensor]:
@@ -146,5 +142,6 @@ def resets_by_step(starts: Any, x: torch.Tensor, layout: Layout) -> dict[int, to
         Step of the batch -> bool ``(B,)`` of the columns that start a sequence there, for the steps where some
         column does (one read from the device to find them).
     """
-    axis = check_starts(starts, x, layout)
-    return {t: starts_at(starts, t, axis) for t in start_steps(starts, axis)}
+    check_starts(starts, x, layout)
+    time_axis, batch_axis = layout.starts_axes(x)
+    return {t: starts_at(starts, t, time_axis) for t in start_steps(starts, batch_axis)}

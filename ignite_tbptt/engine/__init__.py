@@ -14,8 +14,8 @@ from .checkpoint import load_checkpoint
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
+from .full_state_dict import FullStateDict
 from .process import TBPTTStep
-from .sharded_state import FullStateDict
 from .trainer import create_tbptt_trainer, tbptt_training_step
 
 __all__ = [

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ignite.distributed as idist
 import torch
 
-from ..runtime.sharded import is_sharded
+from ..runtime import is_sharded
 
 __all__ = [
     "is_distributed",
@@ -146,7 +146,7 @@ def all_reduce_gradients(parameters: list[torch.Tensor]) -> None:
 
     A parameter without a gradient on this process counts as zeros, so that every process reduces
     buffers of the same layout. Parameters sharded by FSDP2 are left alone: their gradients were reduce-scattered
-    as sums in FSDP2's post-backward hooks (:func:`~ignite_tbptt.runtime.sharded.sum_gradients`).
+    as sums in FSDP2's post-backward hooks (:func:`~ignite_tbptt.runtime.sharded.reduce_gradients_by_sum`).
     """
     parameters = [p for p in parameters if not is_sharded(p)]
     for p in parameters:

@@ -13,8 +13,7 @@ from ..checks import positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..data.batch import resets_by_step, split_batch
 from ..layout import Layout
-from ..runtime import build_model_call, default_model_fn, default_reset_hidden
-from ..runtime import hidden as hs
+from ..runtime import build_model_call, default_model_fn, default_reset_hidden, join_along
 
 __all__ = ["create_tbptt_evaluator"]
 
@@ -69,8 +68,8 @@ def create_tbptt_evaluator(
         An ignite ``Engine``.
 
     Raises:
-        TypeError: if ``segment_length`` is not an int. During a run, if ``starts`` is not a bool tensor, or
-            ``model_fn`` does not return ``(y_pred, hidden)``.
+        TypeError: if ``segment_length`` or ``time_dim`` is not an int. During a run, if ``starts`` is not a bool
+            tensor, or ``model_fn`` does not return ``(y_pred, hidden)``.
         ValueError: if ``segment_length`` is not positive. During a run, if ``starts`` has the wrong shape, the
             default ``reset_hidden`` cannot reset the hidden state, or the hidden state changes shape.
 
@@ -87,7 +86,7 @@ def create_tbptt_evaluator(
     """
     if segment_length is not None:
         positive_int("segment_length", segment_length, "steps per model call")
-    layout = Layout(time_dim)
+    layout = Layout.of(time_dim)
     # The trainer's model call: the same reset at sequence starts, under the same autocast, with the same checks.
     model_call = build_model_call(
         model,
@@ -123,7 +122,7 @@ def create_tbptt_evaluator(
             y_preds = run_pieces(x, starts)
         finally:
             model.train(training)
-        return output_transform(x, y, hs.cat(y_preds, time_dim))
+        return output_transform(x, y, join_along(y_preds, layout.time_dim))
 
     evaluator = Engine(evaluate)
     evaluator.add_event_handler(Events.EPOCH_STARTED, lambda _: stream.update(hidden=None))

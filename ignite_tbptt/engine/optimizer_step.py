@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.gradients import divide_and_check, skips_on_device
-from ..runtime.profiling import profiling
+from ..runtime import divide_and_check, profiling, skips_on_device
 from . import distributed
 
 __all__ = ["OptimizerStep"]
@@ -199,7 +198,11 @@ class OptimizerStep:
             return bool(flags[0].item())
         return bool(torch.stack([f.to(flags[0].device) for f in flags]).amax().item())
 
-    def failure(self) -> FloatingPointError | None:
+    def forget_failure(self) -> None:
+        """Forget the device's decisions on the steps taken so far, unread (an interrupted run's)."""
+        self._found_inf = []
+
+    def take_failure(self) -> FloatingPointError | None:
         """Read the device's decisions on the steps taken since the last call (one read), and forget them.
 
         Returns:

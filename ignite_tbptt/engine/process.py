@@ -11,11 +11,17 @@ from ignite.contrib.engines.tbptt import Tbptt_Events
 from ignite.engine import Engine, Events
 
 from ..data.batch import split_batch
+from ..layout import Layout
 from ..planning import WindowSource
-from ..runtime import ModelCall, RetainedHistory, WindowGraphs
-from ..runtime import hidden as hs
-from ..runtime.compiled import retainable
-from ..runtime.sharded import is_sharded, sum_gradients
+from ..runtime import (
+    Execution,
+    ModelCall,
+    RetainedHistory,
+    is_sharded,
+    join_along,
+    reduce_gradients_by_sum,
+    retainable,
+)
 from . import distributed
 from .checkpoint import check_resume, configuration, source_type
 from .events import COUNTERS, EventFiring, TBPTTEvents, register_tbptt_events
@@ -59,7 +65,7 @@ class TBPTTStep:
         *,
         model_call: ModelCall,
         optimizer_step: OptimizerStep,
-        time_dim: int,
+        layout: Layout,
         carry_hidden: bool,
         device: str | torch.device | None,
         non_blocking: bool,
@@ -67,7 +73,7 @@ class TBPTTStep:
         output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None,
         target_count_fn: Callable[[Any, Any], int] | None,
         recompute: int | None = None,
-        graphs: WindowGraphs | None = None,
+        execution: Execution = Execution.EAGER,
     ) -> None:
         self.loop = StreamLoop(
             model,
@@ -75,14 +81,14 @@ class TBPTTStep:
             loss_fn,
             source,
             optimizer_step,
-            time_dim=time_dim,
+            layout=layout,
             carry_hidden=carry_hidden,
             target_count_fn=target_count_fn,
             recompute=recompute,
-            graphs=graphs,
+            execution=execution,
         )
         self.optimizer_step = optimizer_step
-        self.time_dim, self.carry_hidden, self.recompute = time_dim, carry_hidden, recompute
+        self.layout, self.carry_hidden, self.recompute = layout, carry_hidden, recompute
         self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
         self.output_transform = output_transform
         self._engine: Engine | None = None
@@ -190,24 +196,10 @@ class TBPTTStep:
     def _started(self, engine: Engine) -> None:
         loop = self.loop
         self._listener.events.refresh()  # handler lists that removals replaced since the last run
-        loop.failed = None  # an interrupted run's refused step is not this run's
-        self.optimizer_step.failure()  # nor are its device decisions
         self.optimizer_step.distributed = distributed.is_distributed()
-        loop.sharded = self.optimizer_step.distributed and any(is_sharded(p) for p in self.parameters())
-        if loop.sharded and not loop.source.standalone:
-            raise ValueError(
-                f"{type(loop.source).__name__} with a model sharded by FSDP2: each process would choose its own "
-                "windows from its own measurements, and their backward passes (each with FSDP2's collectives) would "
-                "differ. "
-                "Use fixed windows (k1, k2), or windows of the same seed on every process (RandomWindows, ARTBP)."
-            )
-        if loop.sharded and loop.executor.graphs is not None:
-            raise ValueError(
-                "cuda_graphs=True with a model sharded by FSDP2: its gathers and reduce-scatters run in every model "
-                "call and are not captured. Pass cuda_graphs=False."
-            )
+        loop.start_run(self.optimizer_step.distributed and any(is_sharded(p) for p in self.parameters()))
         if self.optimizer_step.distributed:
-            sum_gradients(loop.model, idist.backend())  # FSDP2's modules: sums, for the division by all targets
+            reduce_gradients_by_sum(loop.model, idist.backend())  # FSDP2's: sums, for the division by all targets
             distributed.broadcast_parameters(self.parameters())
         if engine.state.iteration == 0:
             _zero_counters(engine)
@@ -309,7 +301,7 @@ class TBPTTStep:
         loss = result.loss.mean()
         if self.output_transform is None:
             return loss.item()
-        return self.output_transform(x, y, hs.cat(result.predictions, self.time_dim), loss)
+        return self.output_transform(x, y, join_along(result.predictions, self.layout.time_dim), loss)
 
 
 # The events a window fires, in the order of their indices in _EngineListener's EventFiring.

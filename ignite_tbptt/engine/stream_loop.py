@@ -19,16 +19,14 @@ from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
 from ..planning import StreamPlanner, WindowSource
 from ..runtime import (
+    Execution,
+    LossRule,
     LossSum,
     ModelCall,
-    ParameterVersions,
     RetainedHistory,
-    SegmentExecutor,
     StreamState,
-    WindowGraphs,
-    check_graphable,
+    build_executor,
     check_resettable,
-    default_reset_hidden,
     profiled,
     profiling,
     reach_profile,
@@ -95,11 +93,14 @@ class StreamLoop:
         loss_fn: ``loss_fn(y_pred, y)``, reducing by mean over its targets.
         source: the window source.
         optimizer_step: the accumulation and the optimizer step.
-        time_dim: index of the time dimension of ``x``, ``y`` and ``y_pred``.
+        layout: the time and batch axes of the batches.
         carry_hidden: whether the batches of an epoch are pieces of one stream.
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
         recompute: the most steps a rebuilt segment may have in recomputation mode, or ``None``.
-        graphs: the window programs (CUDA graphs) for windows paid at once, or ``None``.
+        execution: how windows run: eagerly, or as window programs (:mod:`ignite_tbptt.runtime.window_programs`).
+
+    Raises:
+        ValueError: as :meth:`use_source`.
     """
 
     def __init__(
@@ -110,37 +111,54 @@ class StreamLoop:
         source: WindowSource,
         optimizer_step: OptimizerStep,
         *,
-        time_dim: int,
+        layout: Layout,
         carry_hidden: bool,
         target_count_fn: Callable[[Any, Any], int] | None,
         recompute: int | None,
-        graphs: WindowGraphs | None = None,
+        execution: Execution = Execution.EAGER,
     ) -> None:
         self.model, self.optimizer_step = model, optimizer_step
-        self.layout, self.carry_hidden = Layout(time_dim), carry_hidden
+        self.layout, self.carry_hidden = layout, carry_hidden
         self.planner = StreamPlanner(source, recompute)
-        # Only windows that reach into earlier ones keep graphs alive across an optimizer step.
-        versions = ParameterVersions(optimizer_step.parameters, model) if source.spans_windows else None
-        history = RetainedHistory(model_call, optimizer_step.parameters, versions, recompute is not None)
+        history = RetainedHistory(model_call, optimizer_step.parameters, None, recompute is not None)
         self.stream = StreamState(history)
-        self.executor = SegmentExecutor(
-            model_call, loss_fn, self.stream, optimizer_step.scaler, target_count_fn, graphs
+        loss = LossRule(loss_fn, model_call, optimizer_step.scaler)
+        self.executor = build_executor(
+            execution, model_call, loss, self.stream, target_count_fn, optimizer_step.parameters
         )
+        self.use_source(source)
+        #: The model has parameters sharded by FSDP2 and runs in a distributed group (:meth:`start_run`).
+        self.sharded = False
         self.listener: LoopListener | None = None
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.attributes_checked = False  # the model's attributes were checked for graphs after a first window
 
-    @property
-    def sharded(self) -> bool:
-        """The model has parameters sharded by FSDP2 and runs in a distributed group (set when a run starts).
+    def start_run(self, sharded: bool) -> None:
+        """A run starts; ``sharded``: the model has parameters sharded by FSDP2 and runs in a distributed group.
 
-        Every process then makes the same model calls and backward calls, a segment without targets included.
+        Every process of a sharded model then makes the same model calls and backward calls, a segment without
+        targets included. A refused step of an interrupted run, and the device's decisions on its steps, are not
+        this run's.
+
+        Raises:
+            ValueError: for a sharded model, if the window source learns from the run (each process would choose its
+                own windows), or windows run as programs (FSDP2's collectives are not captured).
         """
-        return self.executor.backward_without_targets
-
-    @sharded.setter
-    def sharded(self, value: bool) -> None:
-        self.executor.backward_without_targets = value
+        if sharded and not self.source.standalone:
+            raise ValueError(
+                f"{type(self.source).__name__} with a model sharded by FSDP2: each process would choose its own "
+                "windows from its own measurements, and their backward passes (each with FSDP2's collectives) would "
+                "differ. "
+                "Use fixed windows (k1, k2), or windows of the same seed on every process (RandomWindows, ARTBP)."
+            )
+        if sharded and self.executor.runs_programs:
+            raise ValueError(
+                "cuda_graphs with a model sharded by FSDP2: its gathers and reduce-scatters run in every model "
+                "call and are not captured. Pass cuda_graphs=False."
+            )
+        self.sharded = self.executor.backward_without_targets = sharded
+        self.failed = None
+        self.optimizer_step.forget_failure()
 
     @property
     def history(self) -> RetainedHistory:
@@ -156,13 +174,18 @@ class StreamLoop:
         """Take the windows from ``source`` from the stream's start; one that reaches back gets weight versions.
 
         Raises:
-            ValueError: if the trainer captures windows in CUDA graphs and ``source`` has windows that reach back
-                into earlier ones (k2 > k1), which are not captured yet.
+            ValueError: if windows run as window programs (``cuda_graphs``) and ``source``'s windows are not
+                :attr:`~ignite_tbptt.planning.WindowSource.replayable` (k2 != k1), which programs do not run yet.
         """
-        if self.executor.graphs is not None:
-            check_graphable(source)
-        if source.spans_windows and self.history.versions is None:
-            self.history.versions = ParameterVersions(self.optimizer_step.parameters, self.model)
+        if self.executor.runs_programs and not source.replayable:
+            k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
+            raise ValueError(
+                f"cuda_graphs captures windows of TBPTT(k1, k2) with k1 = k2; {type(source).__name__} has k1 = {k1}, "
+                f"k2 = {k2}, whose windows retain or split segments and are not captured yet. Use k2 = k1, or pass "
+                "cuda_graphs=False."
+            )
+        if source.spans_windows:  # only windows reaching into earlier ones keep graphs across an optimizer step
+            self.history.keep_weight_versions()
         self.planner.source = source
 
     def reset(self) -> None:
@@ -214,7 +237,7 @@ class StreamLoop:
     def _check_starts(self, x: torch.Tensor, starts: Any) -> dict[int, torch.Tensor]:
         # The one read from the device that starts cost; a batch without them runs as before.
         resets = resets_by_step(starts, x, self.layout)
-        if resets and self.executor.model_call.reset_hidden is default_reset_hidden:
+        if resets and self.executor.model_call.default_reset:
             columns = next(iter(resets.values())).shape[0]
             if self.carry_hidden and self.stream.hidden is not None:
                 check_resettable(self.stream.hidden, columns)
@@ -273,12 +296,10 @@ class StreamLoop:
             self.attributes_checked = True
             self.executor.check_attributes(self.model)
         profile = None
-        if reach is not None:  # get_scale() reads the scale from the device: only for recorded windows
-            scaler = self.optimizer_step.scaler
-            scale = scaler.get_scale() if scaler is not None else 1.0
-            # What turns the backpropagated loss into the mean: 1 if the window backpropagated its mean.
-            divisor = 1 if self.optimizer_step.backward_mean else stream.window_loss.targets
-            profile = reach_profile(reach, end, divisor, scale)
+        if reach is not None:  # only recorded windows: a host read
+            optimizer_step = self.optimizer_step
+            targets = stream.window_loss.targets
+            profile = reach_profile(reach, end, targets, optimizer_step.backward_mean, optimizer_step.scaler)
         self.listener.window_closed(profile)
         if self.optimizer_step.window_completed():
             self.take_step()
@@ -325,7 +346,7 @@ class StreamLoop:
 
     def collect_failure(self) -> None:
         """Read the device's decisions on the steps taken (one read, where the iteration's output is read anyway)."""
-        failure = self.optimizer_step.failure()
+        failure = self.optimizer_step.take_failure()
         if failure is not None and self.failed is None:
             self.history.clear()
             self.failed = failure

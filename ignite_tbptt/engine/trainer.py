@@ -13,14 +13,7 @@ from ..checks import callable_or_none, positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..layout import Layout
 from ..planning import Schedule, WindowSource
-from ..runtime import (
-    WindowGraphs,
-    build_model_call,
-    check_graphable,
-    default_model_fn,
-    default_reset_hidden,
-    device_type_of,
-)
+from ..runtime import Execution, build_model_call, default_model_fn, default_reset_hidden, device_type_of
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .optimizer_step import OptimizerStep
 from .process import TBPTTStep
@@ -50,7 +43,7 @@ def tbptt_training_step(
     reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
     module_state: Sequence[str] | None = None,
     initial_state: Callable[[int], Any] | None = None,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool | str = False,
 ) -> TBPTTStep:
     """Factory of the TBPTT(k1, k2) process function; :func:`create_tbptt_trainer` documents the arguments.
 
@@ -77,12 +70,12 @@ def tbptt_training_step(
     """
     _check_model(model, optimizer, loss_fn)
     source = _source(k1, k2)
-    _check_options(time_dim, autocast_dtype, prepare_batch, model_fn, output_transform, target_count_fn, reset_hidden)
+    layout = Layout.of(time_dim)
+    _check_options(autocast_dtype, prepare_batch, model_fn, output_transform, target_count_fn, reset_hidden)
     accumulation = positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
-    if recompute is not None:
-        recompute = positive_int("recompute", recompute, "steps per rebuilt segment")
+    recompute = None if recompute is None else positive_int("recompute", recompute, "steps per rebuilt segment")
     device_type = device_type_of(model, device)
-    _check_graphs(cuda_graphs, source, device_type, recompute, target_count_fn, module_state)
+    execution = _execution(cuda_graphs, device_type, recompute, target_count_fn, module_state)
     optimizer_step = OptimizerStep(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation)
     model_call = build_model_call(
         model,
@@ -92,8 +85,8 @@ def tbptt_training_step(
         reset_hidden=reset_hidden,
         module_state=module_state,
         initial_state=initial_state,
-        layout=Layout(time_dim),
-        cache_casts=not cuda_graphs,
+        layout=layout,
+        cache_casts=execution is Execution.EAGER,
     )
     return TBPTTStep(
         model,
@@ -101,7 +94,7 @@ def tbptt_training_step(
         source,
         model_call=model_call,
         optimizer_step=optimizer_step,
-        time_dim=time_dim,
+        layout=layout,
         carry_hidden=bool(carry_hidden),
         device=device,
         non_blocking=non_blocking,
@@ -109,38 +102,37 @@ def tbptt_training_step(
         output_transform=output_transform,
         target_count_fn=target_count_fn,
         recompute=recompute,
-        graphs=_window_graphs(model_call, loss_fn, optimizer_step, device_type) if cuda_graphs else None,
+        execution=execution,
     )
 
 
-def _window_graphs(model_call: Any, loss_fn: Any, optimizer_step: OptimizerStep, device_type: str) -> WindowGraphs:
-    capture = device_type == "cuda"  # elsewhere (the tests on the CPU): the same programs, run without capture
-    return WindowGraphs(model_call, loss_fn, optimizer_step.scaler, optimizer_step.parameters, capture=capture)
-
-
-def _has_graphs(device_type: str) -> bool:
-    # CUDA is the one device with graphs; the tests of the programs on CPU replace this check.
-    return device_type == "cuda"
-
-
-def _check_graphs(
-    cuda_graphs: bool, source: WindowSource, device_type: str, recompute: Any, target_count_fn: Any, module_state: Any
-) -> None:
-    if not cuda_graphs:
-        return
-    if not _has_graphs(device_type):
-        raise ValueError(
-            f"cuda_graphs=True captures windows in CUDA graphs, but the model is on {device_type!r}: move it to a "
-            "CUDA device (model.to('cuda'), or device='cuda'), or pass cuda_graphs=False."
-        )
-    check_graphable(source)
+def _execution(
+    cuda_graphs: Any, device_type: str, recompute: Any, target_count_fn: Any, module_state: Any
+) -> Execution:
+    # The one decision of how windows run; which windows a program may run is the plans' (SegmentPlan.replayable),
+    # and whether the window source allows programs, the stream loop's as the source is installed.
+    if cuda_graphs is False or cuda_graphs is None:
+        return Execution.EAGER
+    if cuda_graphs is True:
+        if device_type != "cuda":
+            raise ValueError(
+                f"cuda_graphs=True captures windows in CUDA graphs, but the model is on {device_type!r}: move it to a "
+                "CUDA device (model.to('cuda'), or device='cuda'), pass cuda_graphs='uncaptured' to run the same "
+                "window programs without capture, or cuda_graphs=False."
+            )
+        execution = Execution.CUDA_GRAPHS
+    elif cuda_graphs == "uncaptured":
+        execution = Execution.PROGRAMS
+    else:
+        raise ValueError(f"cuda_graphs must be True, False or 'uncaptured', got {cuda_graphs!r}.")
     for name, value, why in (
-        ("recompute", recompute, "a captured window is paid at once and rebuilds nothing"),
+        ("recompute", recompute, "a window program is paid at once and rebuilds nothing"),
         ("target_count_fn", target_count_fn, "its count is read on the host, which a captured window cannot do"),
         ("module_state", module_state, "state kept in attributes is not captured yet"),
     ):
         if value is not None:
-            raise ValueError(f"cuda_graphs=True does not take {name} ({why}); pass one or the other.")
+            raise ValueError(f"cuda_graphs={cuda_graphs!r} does not take {name} ({why}); pass one or the other.")
+    return execution
 
 
 def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
@@ -155,7 +147,6 @@ def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
 
 
 def _check_options(
-    time_dim: Any,
     autocast_dtype: Any,
     prepare_batch: Any,
     model_fn: Any,
@@ -163,11 +154,6 @@ def _check_options(
     target_count_fn: Any,
     reset_hidden: Any,
 ) -> None:
-    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
-        raise TypeError(
-            f"time_dim must be an int (0 for (T, B, *) batches, 1 for (B, T, *), -1 for the last axis), "
-            f"got {time_dim!r}."
-        )
     for name, fn in (
         ("prepare_batch", prepare_batch),
         ("model_fn", model_fn),
@@ -237,7 +223,7 @@ def create_tbptt_trainer(
     reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
     module_state: Sequence[str] | None = None,
     initial_state: Callable[[int], Any] | None = None,
-    cuda_graphs: bool = False,
+    cuda_graphs: bool | str = False,
     deterministic: bool = False,
 ) -> Engine:
     """Create an ignite trainer that runs truncated backpropagation through time, TBPTT(k1, k2).
@@ -329,15 +315,17 @@ def create_tbptt_trainer(
             module with parameters (a learned initial state, a Recurrent Memory Transformer's initial memory) gets
             the gradient of every window whose backward pass reaches such a start, computed with its values at
             that step (SPEC.md, "Learned initial state"); put it in the optimizer.
-        cuda_graphs: capture windows in CUDA graphs (:mod:`ignite_tbptt.runtime.graphed`), for small models whose
-            GPU steps are bound by kernel launches. Each window of a new shape runs three times eagerly, is then
+        cuda_graphs: capture windows in CUDA graphs (:mod:`ignite_tbptt.runtime.window_programs`), for small models
+            whose GPU steps are bound by kernel launches. Each window of a new shape runs three times eagerly, is then
             captured once (its forward pass, loss and backward pass, the reset of columns starting a sequence at
             its first step as a mask) and is replayed with its input, targets and hidden state copied into static
             buffers; up to 8 shapes. The optimizer step, the inf/NaN check, clipping and every handler run eagerly
             between windows, as without graphs. A stream's first window, the run's second, and a window split by
             a sequence start inside it run eagerly. Needs the model on CUDA and k1 = k2; the model, ``model_fn``
             and ``loss_fn`` must not read values back to the host, and Python code in them runs only at capture.
-            A window's gradients are added into ``.grad`` as an eager backward pass adds them. Default False.
+            A window's gradients are added into ``.grad`` as an eager backward pass adds them. ``"uncaptured"`` runs
+            the same window programs without capture, on any device: they give the eager parameters bit for bit,
+            more slowly (the tests and benchmarks of programs on the CPU use it). Default False.
         deterministic: use ignite's ``DeterministicEngine``.
 
     Returns:
@@ -390,9 +378,9 @@ def create_tbptt_trainer(
             ``Checkpoint.load_objects``), before anything loads, if the checkpoint was made with another
             configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
             naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
-            ``cuda_graphs=True``: a model that is not on a CUDA device, k2 != k1 (also for a handler's window
-            source), ``recompute``, ``target_count_fn`` or ``module_state``; when a run starts, a model sharded by
-            FSDP2.
+            ``cuda_graphs=True``: a model that is not on a CUDA device; with ``cuda_graphs=True`` or
+            ``"uncaptured"``: k2 != k1 (also for a handler's window source), ``recompute``, ``target_count_fn`` or
+            ``module_state``; when a run starts, a model sharded by FSDP2. ``cuda_graphs`` of another value.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
             captured (a read from the device, or shapes from data, in the model or the loss), naming the fix.
         StateWrittenInPlace: (a ``RuntimeError``) during a run, if a model call wrote in place into the hidden

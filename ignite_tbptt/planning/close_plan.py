@@ -60,11 +60,6 @@ class ClosePlan(NamedTuple):
     #: The window's gradient reach is recorded: the sweep hands back the gradient reaching each segment's input.
     recorded: bool
 
-    @property
-    def next_cut(self) -> int | None:
-        """The cut of the following window, or ``None`` at the stream's end."""
-        return None if self.following is None else self.following.cut
-
 
 def plan_close(
     source: WindowSource,

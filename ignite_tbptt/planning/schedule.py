@@ -36,6 +36,11 @@ class K2Rule:
         """Only k2 > k1 reaches into earlier windows."""
         return self.k2 > self.k1
 
+    @property
+    def replayable(self) -> bool:
+        """Only k1 = k2 windows are whole segments paid at once: k2 > k1 retains them, k2 < k1 splits them."""
+        return self.k1 == self.k2
+
 
 @dataclass(frozen=True)
 class Schedule(K2Rule, WindowSource):

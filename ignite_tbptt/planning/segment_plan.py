@@ -39,13 +39,8 @@ class SegmentPlan(NamedTuple):
     start: int
     #: End (exclusive) of the segment.
     end: int
-    #: The segment's window as its source planned it (a stream's end may end it earlier: ``window_end``).
+    #: The segment's window as its source planned it (a stream's end may end it earlier).
     window: Window
-    #: End of the segment's window if known when the segment runs, else ``None`` (the window continues into a
-    #: later batch of a stream whose length is unknown).
-    window_end: int | None
-    #: The segment is the first of its window.
-    opens_window: bool
     #: The window's backward sweep runs right after this segment.
     closes_window: bool
     #: The segment lies before the window's cut (k2 < k1): it gets only its own loss's gradient.
@@ -79,11 +74,9 @@ class SegmentPlan(NamedTuple):
     #: Its loss is backpropagated to its predictions at once and their gradient owed to the sweep (per-token
     #: backward: the loss graph, a large vocabulary's log-softmax say, is freed right away).
     detaches_predictions: bool
-
-    @property
-    def loss_owed(self) -> bool:
-        """Whether the gradient of its predictions waits for the window's backward sweep."""
-        return not self.backward_now
+    #: The segment is a whole window paid at once of which the sweep keeps nothing: a window program (CUDA graphs)
+    #: may run it, since nothing of it outlives its one call.
+    replayable: bool
 
 
 def plan_segment(
@@ -152,17 +145,15 @@ def plan_segment(
     closes_window = end == window_end
     backward_now = own_loss_only or (not deferred and closes_window and not reached_later)
     keep_weights = reached_later and not deferred
-    opens_window = step == window.start
     hidden_requires_grad = step > lowest_cut or (recorded and not own_loss_only)
     loss_in_sweep = not backward_now and closes_window and not deferred
-    whole_window = opens_window and closes_window and not own_loss_only
+    whole_window = step == window.start and closes_window and not own_loss_only
+    joins_history = not own_loss_only and (not backward_now or hidden_requires_grad)
     # In the fields' order: keyword arguments would double the cost of the tuple, made once per model call.
     return SegmentPlan(
         step,
         end,
         window,
-        window_end,
-        opens_window,
         closes_window,
         own_loss_only,
         backward_now,
@@ -172,7 +163,8 @@ def plan_segment(
         hidden_requires_grad,
         loss_in_sweep,
         one_window_per_step and whole_window,
-        not own_loss_only and (not backward_now or hidden_requires_grad),
+        joins_history,
         whole_window,
         not backward_now and not loss_in_sweep,
+        whole_window and backward_now and not joins_history,
     )

@@ -68,6 +68,15 @@ class WindowSource(ABC):
         """Whether a backward pass may reach into earlier windows, so that graphs outlive optimizer steps."""
         return True
 
+    @property
+    def replayable(self) -> bool:
+        """Whether the windows may run as window programs (``cuda_graphs``): no backward pass reaches an earlier window.
+
+        Each window a program runs is also one segment paid at once (:attr:`SegmentPlan.replayable`); a source that
+        splits its windows otherwise (the steps before a k2 < k1 cut) says ``False`` here.
+        """
+        return not self.spans_windows
+
     def reset(self) -> None:
         """A new stream starts (at step 0); sources with per-stream state forget it here."""
         return None

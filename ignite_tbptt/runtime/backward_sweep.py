@@ -116,29 +116,37 @@ def _add_roots(roots: list, grads: list, tensors: list[torch.Tensor], gradients:
             grads.append(g)
 
 
-def reach_profile(reach: list, end: int, targets: int, scale: float = 1.0) -> dict[int, float]:
-    """What :meth:`RetainedHistory.backward` gathered in ``reach``, as lag -> gradient norm of the mean loss.
+def reach_profile(
+    gathered: list, end: int, targets: int, backpropagated_mean: bool, scaler: torch.amp.GradScaler | None
+) -> dict[int, float]:
+    """The gradient reach of a window: what :meth:`RetainedHistory.backward` gathered, as lag -> gradient norm.
+
+    The norm is that of the gradient of the window's mean per-target loss (SPEC.md's normalisation), whatever the
+    window backpropagated: its loss scaled by the ``GradScaler``, and the sum over its targets unless it
+    backpropagated their mean.
 
     Args:
-        reach: ``(step, gradients)`` pairs from the sweep of the window ending at ``end``.
+        gathered: ``(step, gradients)`` pairs from the sweep of the window ending at ``end``.
         end: end of the window.
-        targets: what turns the backpropagated loss into the mean: the window's target count if it was the sum of
-            its per-target losses, 1 if it was their mean.
-        scale: the ``GradScaler``'s scale the backward passes ran with (1.0 without one).
+        targets: the window's target count.
+        backpropagated_mean: the window backpropagated its mean loss (``SegmentPlan.backward_mean``), not the sum.
+        scaler: the ``GradScaler`` the backward passes were scaled by, or ``None`` (its scale is one host read).
 
     Returns:
         ``end - step`` -> L2 norm over all tensors of the hidden state, by increasing lag (one host read).
     """
     sums = []
-    for _, grads in reach:
+    for _, grads in gathered:
         squares = [g.detach().double().pow(2).sum() for g in grads if g is not None]
         sums.append(torch.stack(squares).sum() if squares else None)
     if not sums:
         return {}
+    scale = scaler.get_scale() if scaler is not None else 1.0
+    divisor = 1 if backpropagated_mean else max(targets, 1)
     device = next((t.device for t in sums if t is not None), torch.device("cpu"))
     zero = torch.zeros((), dtype=torch.float64, device=device)
     norms = torch.stack([zero if t is None else t for t in sums]).sqrt().tolist()
-    return dict(sorted((end - step, norm / scale / max(targets, 1)) for (step, _), norm in zip(reach, norms)))
+    return dict(sorted((end - step, norm / scale / divisor) for (step, _), norm in zip(gathered, norms)))
 
 
 @torch.no_grad()
@@ -154,8 +162,9 @@ class RetainedHistory:
     Args:
         model_call: runs the model, to rebuild graphs.
         parameters: the parameters the optimizer updates, in its order.
-        versions: the weight versions of a trainer whose graphs outlive optimizer steps (k2 > k1), else ``None``.
-        recompute: recomputation mode: graphs are built only while the sweep traverses them.
+        versions: the weight versions of a trainer whose graphs outlive optimizer steps (k2 > k1), else ``None``
+            (:meth:`keep_weight_versions` adds them later).
+        rebuilds: recomputation mode: graphs are built only while the sweep traverses them.
     """
 
     def __init__(
@@ -163,10 +172,15 @@ class RetainedHistory:
         model_call: ModelCall,
         parameters: Callable[[], list[torch.Tensor]],
         versions: ParameterVersions | None,
-        recompute: bool,
+        rebuilds: bool,
     ) -> None:
-        self.model_call, self.parameters, self.versions, self.recompute = model_call, parameters, versions, recompute
+        self.model_call, self.parameters, self.versions, self.rebuilds = model_call, parameters, versions, rebuilds
         self.segments: list[Segment] = []
+
+    def keep_weight_versions(self) -> None:
+        """Keep the weights retained graphs need across optimizer steps from now on (a window source reaching back)."""
+        if self.versions is None:
+            self.versions = ParameterVersions(self.parameters, self.model_call.model)
 
     def append(self, segment: Segment) -> None:
         """Add the stream's newest segment."""
@@ -326,7 +340,7 @@ class RetainedHistory:
             saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"], saved.get("starts")
         )
         segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], replay)
-        if not self.recompute:  # recomputation mode rebuilds graphs in the sweep anyway
+        if not self.rebuilds:  # recomputation mode rebuilds graphs in the sweep anyway
             segment.inputs, y_pred, hidden_out = self.replay(replay, keep_weights=self.versions is not None)
             segment.outputs = hs.flatten(hidden_out)
             segment.y_pred = hs.flatten(y_pred) if saved["y_grad"] is not None else None

@@ -4,8 +4,9 @@ The stream loop (:mod:`ignite_tbptt.engine.stream_loop`) asks :func:`~ignite_tbp
 do with each segment, and the process function fires ignite's events around it; a :class:`SegmentExecutor` only
 carries the plan out: the model call, the segment's per-token backward or the loss gradient it owes to its window's
 backward sweep, what the retained history keeps, and the sweep when the window closes. As in
-``torch.distributed.pipelining``, where a schedule is data and one runtime executes it, another executor (CUDA graphs,
-say) can run the same plans.
+``torch.distributed.pipelining``, where a schedule is data and one runtime executes it, a second executor runs the
+same plans: :class:`~ignite_tbptt.runtime.window_programs.ProgramExecutor` (``cuda_graphs``) runs the plans that say
+``replayable`` as window programs and the others as this one does.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from ..planning import ClosePlan, SegmentPlan
 from . import hidden as hs
 from . import rng
 from .backward_sweep import Replay, Segment
-from .graphed import WindowGraphs
 from .in_place import StateWrittenInPlace
+from .loss_rule import LossRule
 from .model_call import ModelCall
-from .module_state import check_attributes, check_state_cut, recache
+from .module_state import check_attributes, check_state_cut
 from .profiling import NO_CONTEXT, profiled, profiling
 from .reset import check_resettable
 from .stream import StreamState
@@ -47,25 +48,23 @@ class SegmentExecutor:
 
     Args:
         model_call: runs the model on a segment.
-        loss_fn: ``loss_fn(y_pred, y)``, reducing by mean over its targets.
+        loss: how a segment's loss is computed and backpropagated (``loss_fn``, autocast, the scaler).
         stream: the stream's state; the executor advances its position, hidden state, retained history and the
             open window's loss and target count.
-        scaler: the ``GradScaler`` every backward is scaled by, or ``None``.
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
-        graphs: the window programs (CUDA graphs) that run whole windows paid at once, or ``None``.
     """
+
+    #: Whether windows run as window programs (the second executor, :mod:`ignite_tbptt.runtime.window_programs`).
+    runs_programs = False
 
     def __init__(
         self,
         model_call: ModelCall,
-        loss_fn: Callable[[Any, Any], torch.Tensor],
+        loss: LossRule,
         stream: StreamState,
-        scaler: torch.amp.GradScaler | None,
         target_count_fn: Callable[[Any, Any], int] | None,
-        graphs: WindowGraphs | None = None,
     ) -> None:
-        self.model_call, self.loss_fn, self.stream = model_call, loss_fn, stream
-        self.scaler, self.target_count_fn, self.graphs = scaler, target_count_fn, graphs
+        self.model_call, self.loss, self.stream, self.target_count_fn = model_call, loss, stream, target_count_fn
         #: Run a segment's backward pass even where it has no targets, on a zero loss: every process of a model
         #: sharded by FSDP2 must make the same backward calls, whose hooks gather weights and reduce gradients.
         self.backward_without_targets = False
@@ -101,10 +100,6 @@ class SegmentExecutor:
                 returned: the model does not read the state it is given (:func:`check_state_cut`).
         """
         stream = self.stream
-        if self.graphs is not None and plan.whole_window and plan.backward_now and not plan.joins_history:
-            result = self._run_program(plan, x, y, resets, keep_predictions)
-            if result is not None:
-                return result
         hidden, versions = stream.hidden, stream.history.versions
         hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
         replay = None
@@ -112,8 +107,9 @@ class SegmentExecutor:
             version = versions.current if versions is not None else None
             replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
         y_pred, hidden_out = self._forward(plan, x, hidden_in, resets)
-        if not self._state_cut_checked and hidden is not None:  # once, before its backward pass
-            self._state_cut_checked = check_state_cut(hidden_out, hidden)
+        if not self._state_cut_checked and hs.has_graph(hidden):  # once, before its backward pass
+            check_state_cut(hidden_out, hidden)
+            self._state_cut_checked = True
         if self._columns_to_check is not None:  # before the first reset uses it, and before any backward
             check_resettable(hidden_out, self._columns_to_check)
             self._columns_to_check = None
@@ -125,11 +121,10 @@ class SegmentExecutor:
         root = None
         backward = n or self.backward_without_targets and any(t.requires_grad for t in hs.flatten(y_owed or y_pred))
         if backward:
-            mean = self._mean_loss(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y, n)
-            # A sum over the targets, unless backpropagated as the mean: the optimizer step divides by the target
-            # count of all its windows.
-            loss = mean if plan.backward_mean else mean * n
-            root = self.scaler.scale(loss) if self.scaler is not None else loss
+            rule = self.loss
+            mean = rule.mean(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y, n)
+            loss = rule.backpropagated(mean, n, plan.backward_mean)
+            root = rule.root(loss)
             if not plan.loss_in_sweep:
                 if profiling():
                     with profiled("tbptt.segment_backward"):
@@ -156,41 +151,6 @@ class SegmentExecutor:
         stream.window_loss.add(loss, n, plan.whole_window)
         return SegmentResult(loss, n, hs.detached(y_pred) if keep_predictions else None)
 
-    def _mean_loss(self, predictions: Any, y: Any, n: int) -> torch.Tensor:
-        # loss_fn's mean over the targets; without targets, yet with backward calls to make (a sharded model), a zero
-        # loss with the predictions' graph.
-        if not n:
-            return sum(t.sum() for t in hs.flatten(predictions) if t.requires_grad) * 0.0
-        if self.model_call.autocasts:
-            with self.model_call.autocast():
-                return _checked(self.loss_fn(predictions, y))
-        return _checked(self.loss_fn(predictions, y))
-
-    def _run_program(
-        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
-    ) -> SegmentResult | None:
-        # A whole window paid at once, retaining nothing, as a window program (a CUDA graph), once the run's first
-        # calls were checked eagerly; None where it runs eagerly.
-        stream = self.stream
-        if not self._state_cut_checked or stream.hidden is None or self._columns_to_check is not None or profiling():
-            return None
-        # The window starts at its cut, so the state's graph (an eager window's; a program's state has none) is never
-        # backpropagated again: let it go now, from the model's caches of the state too. Alive, it would keep the
-        # parameters' AccumulateGrad nodes of the stream it ran on, which the program's backward pass on another
-        # stream, or under capture, would have to wait for.
-        if any(t.requires_grad for t in hs.tensors(stream.hidden)):
-            eager, stream.hidden = stream.hidden, hs.detached(stream.hidden)
-            recache(self.model_call.model, eager, stream.hidden)
-            del eager
-        ran = self.graphs.run(plan, x, y, stream.hidden, resets)
-        if ran is None:
-            return None
-        mean, stream.hidden, predictions = ran
-        n = y.numel()
-        stream.position = plan.end
-        stream.window_loss.add(mean, n, True)
-        return SegmentResult(mean, n, predictions if keep_predictions else None)
-
     def _forward(self, plan: SegmentPlan, x: Any, hidden_in: Any, resets: torch.Tensor | None) -> tuple[Any, Any]:
         versions = self.stream.history.versions
         try:
@@ -214,9 +174,9 @@ class SegmentExecutor:
         """
         model_call = self.model_call
         try:
-            check_attributes(model, 1, returned=(self.stream.hidden, model_call.returned))
+            check_attributes(model, returned=(self.stream.hidden, model_call.returned))
         finally:
-            model_call.remembers, model_call.returned = False, None
+            model_call.forget_returned()
 
     def close_window(self, plan: ClosePlan) -> list | None:
         """The backward sweep of a window as its ``plan`` says; see :meth:`RetainedHistory.backward`.
@@ -231,23 +191,3 @@ class SegmentExecutor:
         with profiled("tbptt.sweep"):
             history.backward(plan, reach)
         return reach
-
-
-def _checked(loss: Any) -> torch.Tensor:
-    """``loss_fn``'s value, if it is a 0-dim tensor with a graph: else an error before any backward runs."""
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError(
-            f"loss_fn must return a 0-dim tensor (the mean over the targets), got {type(loss).__name__}; do not "
-            "call .item() or float() on it."
-        )
-    if loss.dim() != 0:
-        raise ValueError(
-            f"loss_fn must return a 0-dim tensor (the mean over the targets), got shape {tuple(loss.shape)}; use "
-            "reduction='mean' (PyTorch's default) and target_count_fn for padded targets."
-        )
-    if not loss.requires_grad:
-        raise ValueError(
-            "loss_fn returned a tensor without a graph to the predictions (detached, or computed from something "
-            "else); compute it from y_pred without .detach()."
-        )
-    return loss

@@ -95,6 +95,11 @@ def _leaf(t: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     return t.requires_grad_() if requires_grad and (t.is_floating_point() or t.is_complex()) else t
 
 
+def has_graph(tree: Any) -> bool:
+    """Whether some tensor of ``tree`` was computed with a graph (a state an eager call returned, not a loaded one)."""
+    return any(t.grad_fn is not None for t in tensors(tree))
+
+
 def detached(tree: Any) -> Any:
     """``tree`` with every tensor detached from its graph (``None`` stays ``None``), e.g. to save or return it."""
     return pytree.tree_map_only(torch.Tensor, torch.Tensor.detach, tree)

@@ -24,7 +24,6 @@ __all__ = ["ModelCall", "build_model_call", "default_model_fn", "autocast_for", 
 
 # Reentrant and stateless: one instance serves every model call that needs no context, without an allocation.
 _NO_CONTEXT = nullcontext()
-_TIME_FIRST = Layout(0)
 
 
 def default_model_fn(model: torch.nn.Module, x: torch.Tensor, hidden: Any) -> tuple[Any, Any]:
@@ -78,9 +77,9 @@ class ModelCall:
         model: torch.nn.Module,
         model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]],
         autocast: Callable[[], AbstractContextManager],
-        reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
-        initial_state: Callable[[int], Any] | None = None,
-        layout: Layout = _TIME_FIRST,
+        reset_hidden: Callable[[Any, torch.Tensor], Any],
+        initial_state: Callable[[int], Any] | None,
+        layout: Layout,
     ) -> None:
         self.model, self.model_fn, self.autocast, self.reset_hidden = model, model_fn, autocast, reset_hidden
         self.initial_state, self.layout = initial_state, layout
@@ -158,6 +157,15 @@ class ModelCall:
         if self.remembers:
             self.returned = hidden_out
         return y_pred, hidden_out
+
+    def forget_returned(self) -> None:
+        """Stop keeping :attr:`returned`, once the model's attributes are checked: no graph outlives the stream."""
+        self.remembers, self.returned = False, None
+
+    @property
+    def default_reset(self) -> bool:
+        """Whether ``reset_hidden`` is :func:`~ignite_tbptt.runtime.default_reset_hidden`, whose shapes are checked."""
+        return self.reset_hidden is default_reset_hidden
 
     def _run(self, x: torch.Tensor, hidden: Any, starts: torch.Tensor | None) -> Any:
         # The initial state is computed inside the call (and its graph), so that the windows reaching it

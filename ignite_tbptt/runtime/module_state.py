@@ -25,7 +25,7 @@ from torch.utils import _pytree as pytree
 from . import hidden as hs
 from .in_place import tensors_with_paths
 
-__all__ = ["ModuleState", "attributes_with_graph", "check_attributes", "check_state_cut", "recache"]
+__all__ = ["ModuleState", "attributes_with_graph", "check_attributes", "check_state_cut", "repoint_caches"]
 
 # What every module holds in its __dict__ (its parameters, buffers, submodules and hooks): never a cache of the state.
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
@@ -162,12 +162,12 @@ def _held(module: torch.nn.Module) -> Iterator[tuple[dict, str, Any]]:
     # (where, name, value) for each attribute of `module` that may hold state: a tensor, or a tuple, list or dict
     # (of tensors, perhaps), in its __dict__ or its buffers; not its parameters, submodules or hooks.
     for where in (vars(module), module._buffers):
-        for name, value in list(where.items()):  # a copy: recache() writes values back as it goes
+        for name, value in list(where.items()):  # a copy: repoint_caches() writes values back as it goes
             if torch.is_tensor(value) or isinstance(value, (tuple, list, dict)) and name not in _MODULE_INTERNALS:
                 yield where, name, value
 
 
-def recache(model: torch.nn.Module, old: Any, new: Any) -> None:
+def repoint_caches(model: torch.nn.Module, old: Any, new: Any) -> None:
     """Point the attributes that cache a tensor of the state ``old`` at the same leaf of ``new``.
 
     Where the trainer replaces the state it carries outside a model call (by a detached copy, before a window runs
@@ -197,12 +197,11 @@ def recache(model: torch.nn.Module, old: Any, new: Any) -> None:
                 where[name] = pytree.tree_map_only(torch.Tensor, swapped, value)
 
 
-def check_attributes(model: torch.nn.Module, window: int, returned: Any = None) -> None:
-    """Refuse a model that keeps a graph in an attribute after ``window``'s backward pass.
+def check_attributes(model: torch.nn.Module, returned: Any = None) -> None:
+    """Refuse a model that keeps a graph in an attribute after the stream's first window's backward pass.
 
     Args:
         model: the model.
-        window: the window just closed, for the message.
         returned: the hidden state the model last returned (the stream's); an attribute holding one of its tensors
             is a cache of it and is accepted (:func:`attributes_with_graph`).
 
@@ -212,7 +211,7 @@ def check_attributes(model: torch.nn.Module, window: int, returned: Any = None) 
     found = attributes_with_graph(model, returned=returned)
     if found:
         raise RuntimeError(
-            f"after window {window} the model still holds tensors with a graph in {', '.join(found)}. If they are its "
+            f"after the first window the model still holds tensors with a graph in {', '.join(found)}. If they are its "
             "hidden state, the trainer does not see it: it would neither cut it at a window's cut, nor reset it at a "
             f"sequence start, nor save it, and the graph would grow across windows. Pass module_state={found!r} to "
             "the trainer (and the evaluator); if they are not state, store them detached "
@@ -220,7 +219,7 @@ def check_attributes(model: torch.nn.Module, window: int, returned: Any = None) 
         )
 
 
-def check_state_cut(returned: Any, previous: Any, limit: int = 100_000) -> bool:
+def check_state_cut(returned: Any, previous: Any, limit: int = 100_000) -> None:
     """Refuse a model call whose returned state's graph reaches the state the call before it returned.
 
     The trainer hands each call a detached copy of the state the previous call returned, so a model that reads its
@@ -228,22 +227,17 @@ def check_state_cut(returned: Any, previous: Any, limit: int = 100_000) -> bool:
     attribute caching the last state, snnTorch's ``self.mem`` when called without ``mem``) chains every call onto the
     last: the graph grows across windows, and the cuts, resets and checkpoints the trainer applies to the state it
     carries never reach the state the model uses. Checked once, at the first call whose given state came with a
-    graph (the stream's second call): a walk of that call's graph.
+    graph (the stream's second call, :func:`~ignite_tbptt.runtime.hidden.has_graph`): a walk of that call's graph.
 
     Args:
         returned: the state the call returned, a tensor or a tree of them.
         previous: the state the call before it returned (the one the trainer handed on, detached).
         limit: the most graph nodes to visit.
 
-    Returns:
-        Whether there was anything to check: ``previous`` has a graph (not a state loaded from a checkpoint, say).
-
     Raises:
         RuntimeError: naming the returned state's leaf whose graph reaches the earlier state, and the fix.
     """
     earlier = {t.grad_fn for t in hs.flatten(previous) if t.grad_fn is not None}
-    if not earlier:
-        return False
     seen: set = set()  # one graph, walked once whatever the number of leaves
     for path, tensor in tensors_with_paths(returned):
         pending = [tensor.grad_fn]
@@ -261,4 +255,3 @@ def check_state_cut(returned: Any, previous: Any, limit: int = 100_000) -> bool:
                 )
             seen.add(node)
             pending.extend(next_node for next_node, _ in node.next_functions)
-    return True

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["is_sharded", "fsdp_modules", "sum_gradients", "unsharded_storages", "gathered"]
+__all__ = ["is_sharded", "fsdp_modules", "reduce_gradients_by_sum", "unsharded_storages", "gathered"]
 
 
 def is_sharded(t: Any) -> bool:
@@ -47,7 +47,7 @@ def fsdp_modules(model: torch.nn.Module) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, FSDPModule)]
 
 
-def sum_gradients(model: torch.nn.Module, backend: str | None = None) -> None:
+def reduce_gradients_by_sum(model: torch.nn.Module, backend: str | None = None) -> None:
     """Have every sharded module of ``model`` reduce-scatter gradient sums rather than means over processes.
 
     For float32 and bfloat16 gradients FSDP2 reduces with NCCL's pre-multiplied sum, which gloo lacks: on a gloo

@@ -1,7 +1,8 @@
 """``cuda_graphs=True``: windows run as programs over static buffers, captured in CUDA graphs on a GPU.
 
-On the CPU the same programs run without capture, and must give the eager trainer's parameters bit for bit; under
-``--device cuda`` they are captured and replayed, and must agree with the eager trainer to float64 rounding.
+On the CPU the same programs run without capture (``cuda_graphs="uncaptured"``), and must give the eager trainer's
+parameters bit for bit; under ``--device cuda`` they are captured and replayed (``cuda_graphs=True``), and must
+agree with the eager trainer to float64 rounding.
 """
 
 import functools
@@ -13,8 +14,14 @@ from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import AdaptiveTruncation, GradientClipping, TBPTTEvents, create_tbptt_trainer
-from ignite_tbptt.engine import trainer as trainer_module
-from ignite_tbptt.runtime import graphed, model_call
+from ignite_tbptt.runtime import model_call, window_programs
+
+
+def programs(cuda_graphs):
+    """``cuda_graphs`` for a test's ``True``: captured where the device has CUDA graphs, else uncaptured programs."""
+    if cuda_graphs is True and torch.get_default_device().type != "cuda":
+        return "uncaptured"
+    return cuda_graphs
 
 
 class CharModel(nn.Module):
@@ -44,19 +51,17 @@ def train(
     model = (model() if model else CharModel(cell=cell)).to(dtype)
     make = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
     opt = make(model.parameters())
-    # The CPU has no graphs: the check lets the programs run there, uncaptured, as the tests of them.
-    with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
-        trainer = create_tbptt_trainer(model, opt, loss_fn, cuda_graphs=cuda_graphs, **{"k1": 5, **options})
+    trainer = create_tbptt_trainer(model, opt, loss_fn, cuda_graphs=programs(cuda_graphs), **{"k1": 5, **options})
     for attach in handlers:
         attach(trainer)
     runs = []
-    original = graphed.WindowProgram.__call__
+    original = window_programs.WindowProgram.__call__
 
     def counted(self, *args):
         runs.append(self)
         return original(self, *args)
 
-    with mock.patch.object(graphed.WindowProgram, "__call__", counted):
+    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
         trainer.run(data, max_epochs=epochs)
     return model, trainer, len(runs)
 
@@ -131,14 +136,14 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached):
                     node.register_prehook(Marker((engine.state.window, i)))
             program_ran[0] = False
 
-    original = graphed.WindowProgram.__call__
+    original = window_programs.WindowProgram.__call__
 
     def checked(self, *args):
         alive_at_programs.append(made - released)
         program_ran[0] = True
         return original(self, *args)
 
-    with mock.patch.object(graphed.WindowProgram, "__call__", checked):
+    with mock.patch.object(window_programs.WindowProgram, "__call__", checked):
         model = functools.partial(CachesItsState, lstm=cached == "lstm") if cached else None
         _, _, runs = train(True, batches(), carry_hidden=True, handlers=[mark_eager_windows], model=model)
     assert runs > 0 and len(alive_at_programs) == runs and made
@@ -157,7 +162,7 @@ def test_sequence_starts_reset_inside_the_program_and_split_windows_run_eagerly(
     eager, _, _ = train(False, with_starts, carry_hidden=True)
     graphed_model, trainer, runs = train(True, with_starts, carry_hidden=True)
     assert_same(eager, graphed_model, device)
-    keys = trainer._process_function.loop.executor.graphs.programs
+    keys = trainer._process_function.loop.executor.programs
     assert any(key[4] for key in keys) and any(not key[4] for key in keys)  # with a reset mask and without
     assert runs == 40 - 2 - 2 * 4  # the window holding step 7 is split in every batch after the first
 
@@ -214,15 +219,15 @@ def test_a_grad_scaler_scales_each_program_backward(device):
 def test_shapes_past_the_limit_run_eagerly(device):
     data = [batches(length=length, count=1, seed=length)[0] for length in (25, 23, 22, 21)]
     eager, _, _ = train(False, data, carry_hidden=False)
-    with mock.patch.object(graphed.WindowGraphs, "__init__", _limited(2)):
+    with mock.patch.object(window_programs.ProgramExecutor, "__init__", _limited(2)):
         graphed_model, trainer, runs = train(True, data, carry_hidden=False)
     assert_same(eager, graphed_model, device)
     # Shapes of 5 steps and of 3 steps (25 % 5 = 0, 23 % 5 = 3) are programs; 2 and 1 steps run eagerly.
-    assert len(trainer._process_function.loop.executor.graphs.programs) == 2
+    assert len(trainer._process_function.loop.executor.programs) == 2
 
 
 def _limited(limit):
-    original = graphed.WindowGraphs.__init__
+    original = window_programs.ProgramExecutor.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **{**kwargs, "limit": limit})
@@ -236,19 +241,20 @@ def test_what_graphs_do_not_take_is_refused_at_construction():
     on_cpu = CharModel().to("cpu")
     with pytest.raises(ValueError, match=r"on 'cpu': move it to a CUDA device"):
         create_tbptt_trainer(on_cpu, torch.optim.SGD(on_cpu.parameters(), lr=0.1), loss_fn, k1=5, cuda_graphs=True)
-    with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
-        for options, match in (
-            ({"k2": 10}, r"k1 = 5, k2 = 10, whose windows retain"),
-            ({"k2": 2}, r"k1 = 5, k2 = 2"),
-            ({"recompute": 2}, r"does not take recompute"),
-            ({"target_count_fn": lambda y_pred, y: y.numel()}, r"does not take target_count_fn"),
-            ({"module_state": ["rnn.h"]}, r"does not take module_state"),
-        ):
-            with pytest.raises(ValueError, match=match):
-                create_tbptt_trainer(model, optimizer, loss_fn, **{"k1": 5, **options}, cuda_graphs=True)
-        trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs=True)
-        with pytest.raises(ValueError, match=r"captures windows of TBPTT\(k1, k2\) with k1 = k2"):
-            AdaptiveTruncation(0.1, 6, 20).attach(trainer)
+    with pytest.raises(ValueError, match=r"cuda_graphs must be True, False or 'uncaptured', got 'yes'"):
+        create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs="yes")
+    for options, match in (
+        ({"k2": 10}, r"k1 = 5, k2 = 10, whose windows retain"),
+        ({"k2": 2}, r"k1 = 5, k2 = 2"),
+        ({"recompute": 2}, r"does not take recompute"),
+        ({"target_count_fn": lambda y_pred, y: y.numel()}, r"does not take target_count_fn"),
+        ({"module_state": ["rnn.h"]}, r"does not take module_state"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            create_tbptt_trainer(model, optimizer, loss_fn, **{"k1": 5, **options}, cuda_graphs=programs(True))
+    trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs=programs(True))
+    with pytest.raises(ValueError, match=r"captures windows of TBPTT\(k1, k2\) with k1 = k2"):
+        AdaptiveTruncation(0.1, 6, 20).attach(trainer)
 
 
 class Initial(nn.Module):
@@ -297,8 +303,9 @@ def train_with(cuda_graphs, data, make_model, make_optimizer, handlers=(), **opt
     if initial is not None:
         options["initial_state"] = initial
     params = list(model.parameters()) + (list(initial.parameters()) if initial is not None else [])
-    with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
-        trainer = create_tbptt_trainer(model, make_optimizer(params), loss_fn, k1=5, cuda_graphs=cuda_graphs, **options)
+    trainer = create_tbptt_trainer(
+        model, make_optimizer(params), loss_fn, k1=5, cuda_graphs=programs(cuda_graphs), **options
+    )
     for attach in handlers:
         attach(trainer, model)
     trainer.run(data, max_epochs=2)
@@ -351,7 +358,7 @@ def test_a_layer_caching_its_returned_state_in_an_attribute(device, lstm):
     # steps a batch make two window shapes, so two captures.
     data = batches(length=23)
     runs = []
-    original = graphed.WindowProgram.__call__
+    original = window_programs.WindowProgram.__call__
 
     def counted(self, *args):
         runs.append(self)
@@ -362,7 +369,7 @@ def test_a_layer_caching_its_returned_state_in_an_attribute(device, lstm):
 
     model = functools.partial(CachesItsState, lstm=lstm)
     eager = train_with(False, data, model, adam, carry_hidden=True)
-    with mock.patch.object(graphed.WindowProgram, "__call__", counted):
+    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
         graphed_params = train_with(True, data, model, adam, carry_hidden=True)
     assert len({id(program) for program in runs}) == 2 and len(runs) > 20
     for p, q in zip(eager, graphed_params):

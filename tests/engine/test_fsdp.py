@@ -192,18 +192,14 @@ def test_a_sharded_run_resumes_mid_epoch_from_its_checkpoint_as_if_uninterrupted
 
 
 def refuse(local_rank, path, what):
-    from unittest import mock
-
     from ignite_tbptt import AdaptiveTruncation
-    from ignite_tbptt.engine import trainer as trainer_module
 
     torch.manual_seed(0)
     model = Net().double()
     fully_shard(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    with mock.patch.object(trainer_module, "_has_graphs", lambda device_type: True):
-        graphs = what == "cuda_graphs"
-        trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 3, cuda_graphs=graphs)
+    programs = "uncaptured" if what == "cuda_graphs" else False  # the same programs a GPU captures
+    trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 3, cuda_graphs=programs)
     if what == "adaptive":
         AdaptiveTruncation(0.1, 4, 12).attach(trainer)
     try:
@@ -216,7 +212,7 @@ def refuse(local_rank, path, what):
 @pytest.mark.parametrize(
     "what, message",
     [
-        ("cuda_graphs", "cuda_graphs=True with a model sharded by FSDP2"),
+        ("cuda_graphs", "cuda_graphs with a model sharded by FSDP2"),
         ("adaptive", "AdaptiveTruncation with a model sharded by FSDP2: each process would choose its own windows"),
     ],
 )

@@ -146,7 +146,9 @@ def test_a_graph_left_in_an_attribute_is_reported_after_the_first_window():
     torch.manual_seed(0)
     model = LeakyAttributeNet().double()
     trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, 5, 10, carry_hidden=True)
-    with pytest.raises(RuntimeError, match=r"after window 1 the model still holds tensors with a graph in mem\.") as e:
+    with pytest.raises(
+        RuntimeError, match=r"after the first window the model still holds tensors with a graph in mem"
+    ) as e:
         trainer.run(make_batches([12]))
     assert "module_state=['mem']" in str(e.value)
 
@@ -254,7 +256,8 @@ def test_an_attribute_holding_what_the_returned_state_does_not_is_still_refused(
     trainer = create_tbptt_trainer(model, sgd(model), cross_entropy, k1, k2, carry_hidden=True)
     before = copy.deepcopy(model)
     with pytest.raises(
-        RuntimeError, match=rf"after window 1 the model still holds tensors with a graph in {re.escape(path)}\. "
+        RuntimeError,
+        match=rf"after the first window the model still holds tensors with a graph in {re.escape(path)}",
     ) as e:
         trainer.run(make_batches([12]))
     assert f"module_state={[path]!r}" in str(e.value)

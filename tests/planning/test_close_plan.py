@@ -41,9 +41,10 @@ def test_each_retained_step_from_the_cut_is_swept_once_and_kept_while_a_later_wi
     for n, (close, retained) in enumerate(found):
         assert close.cut == spec_cut(k1, k2, close.start, close.end)
         following = found[n + 1][0] if n + 1 < len(found) else None
-        assert (close.next_cut is None) == (following is None)
+        next_cut = None if close.following is None else close.following.cut
+        assert (next_cut is None) == (following is None)
         if following is not None and k2 >= k1:  # (k2 < k1: the planned full window's; nothing reaches back then)
-            assert close.next_cut == following.cut
+            assert next_cut == following.cut
         swept = [s.start for s in close.sweep if not s.own_loss_only]
         # From the last segment back, each retained segment at or after the cut once; the cut starts one if any
         # segment of an earlier window is retained (an earlier window kept it for this one).
@@ -54,11 +55,11 @@ def test_each_retained_step_from_the_cut_is_swept_once_and_kept_while_a_later_wi
             assert step.index == retained.index(step.start)
             assert step.own_loss_only == (close.start <= step.start < close.cut)  # k2 < k1: its own loss only
             assert step.passes_on == (step.start > close.cut)
-            assert step.retain == (close.next_cut is not None and step.start >= close.next_cut)
+            assert step.retain == (next_cut is not None and step.start >= next_cut)
             assert step.factor is None
         # What stays is exactly what the next window reaches.
         kept = retained[close.keep_from :]
-        assert kept == ([] if close.next_cut is None else [s for s in retained if s >= close.next_cut])
+        assert kept == ([] if next_cut is None else [s for s in retained if s >= next_cut])
         assert close.retains == any(step.retain for step in close.sweep)
 
 

@@ -17,12 +17,13 @@ def spec_windows(k1, k2, length):
     return [(a, min(a + k1, length), spec_cut(k1, k2, a, min(a + k1, length))) for a in range(0, length, k1)]
 
 
-def plan_stream(k1, k2, lengths, known, recompute, starts=(), stride=None, one_window_per_step=False):
+def plan_stream(k1, k2, lengths, known, recompute, starts=(), stride=None, one_window_per_step=False, ends=None):
     """Plan a carried stream cut into batches of ``lengths`` as the trainer's loop does, window by window.
 
     The stream's end is known in its last batch when the epoch's length is (``known``), else only after it.
     ``starts``: the steps where some column starts a sequence; ``stride``: every window's reach is recorded
-    with that stride; ``one_window_per_step``: each optimizer step applies one window of one process.
+    with that stride; ``one_window_per_step``: each optimizer step applies one window of one process. ``ends``, a
+    list, receives each plan's window end where it is known when the segment runs (else ``None``).
     """
     source = Schedule(k1, k2)
     plans, windows = [], []
@@ -46,6 +47,9 @@ def plan_stream(k1, k2, lengths, known, recompute, starts=(), stride=None, one_w
                 one_window_per_step=one_window_per_step,
             )
             assert plan.start == position < plan.end <= batch_end
+            if ends is not None:
+                known_end = min(window.end, stream_end) if stream_end is not None else window.end
+                ends.append(known_end if stream_end is not None or batch_end >= window.end else None)
             plans.append((plan, window.start))
             position = plan.end
             if plan.closes_window:
@@ -98,18 +102,19 @@ def test_no_segment_straddles_a_window_end_a_cut_a_batch_end_a_start_or_a_stride
 def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths, known, recompute, starts, stride):
     length = sum(lengths)
     windows = spec_windows(k1, k2, length)
-    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts, stride)
-    for plan, window_start in plans:
+    ends = []
+    plans, _ = plan_stream(k1, k2, lengths, known, recompute, starts, stride, ends=ends)
+    for (plan, window_start), window_end in zip(plans, ends):
         w = window_start // k1
         start, end, cut = windows[w]
         later_reach = any(c <= plan.start for _, _, c in windows[w + 1 :])
         # Steps before the cut get their own loss only, one step per call, paid at once.
         assert plan.own_loss_only <= (plan.start < cut)
-        if plan.window_end is not None:
-            assert plan.window_end == end and plan.own_loss_only == (plan.start < cut)
+        if window_end is not None:
+            assert window_end == end and plan.own_loss_only == (plan.start < cut)
             # A recorded window (a stride here) also needs the gradient at its cut.
             assert plan.hidden_requires_grad == (plan.start > cut or (stride is not None and plan.start >= cut))
-        if plan.start < cut and plan.window_end is not None:
+        if plan.start < cut and window_end is not None:
             assert plan.end == plan.start + 1
         assert plan.hidden_requires_grad >= (plan.start > cut)  # gradient may flow into its input
         # A later window that reaches the segment needs its graph, and its weights across optimizer steps.
@@ -121,17 +126,19 @@ def test_each_segment_is_paid_and_retained_as_its_gradient_needs(k1, k2, lengths
         if plan.backward_now and not plan.own_loss_only:
             assert plan.closes_window and not later_reach and recompute is None
         assert plan.rebuilt == (recompute is not None and not plan.own_loss_only)
-        assert plan.loss_owed == (not plan.backward_now)
+        owed = not plan.backward_now
         # The sweep starts right after a window's last segment: one that owes its loss pays it in the sweep, unless
         # the sweep rebuilds it (recomputation).
-        assert plan.loss_in_sweep == (plan.loss_owed and plan.closes_window and recompute is None)
-        assert plan.detaches_predictions == (plan.loss_owed and not plan.loss_in_sweep)
+        assert plan.loss_in_sweep == (owed and plan.closes_window and recompute is None)
+        assert plan.detaches_predictions == (owed and not plan.loss_in_sweep)
         # What the sweep passes through joins the history: all that owes its loss, never the steps before the cut.
-        assert plan.loss_owed <= plan.joins_history <= (not plan.own_loss_only)
-        assert plan.joins_history == (plan.loss_owed or (plan.hidden_requires_grad and not plan.own_loss_only))
+        assert owed <= plan.joins_history <= (not plan.own_loss_only)
+        assert plan.joins_history == (owed or (plan.hidden_requires_grad and not plan.own_loss_only))
         assert not plan.backward_mean  # only with one window per optimizer step
         # A window never lies wholly before its cut: a segment that is its window is whole, its loss the window's.
-        assert plan.whole_window == (plan.opens_window and plan.closes_window)
+        assert plan.whole_window == (plan.start == window_start and plan.closes_window)
+        # A window program runs exactly the whole windows paid at once of which the sweep keeps nothing.
+        assert plan.replayable == (plan.whole_window and plan.backward_now and not plan.joins_history)
 
 
 @given(k1=st.integers(1, 40), k2=st.integers(1, 40), windows=st.integers(1, 5))

@@ -3,8 +3,17 @@
 import pytest
 import torch
 
+from ignite_tbptt.layout import Layout
 from ignite_tbptt.planning import Window, WindowSource, plan_close
-from ignite_tbptt.runtime import ModelCall, ParameterVersions, Replay, RetainedHistory, Segment, rng
+from ignite_tbptt.runtime import (
+    ModelCall,
+    ParameterVersions,
+    Replay,
+    RetainedHistory,
+    Segment,
+    default_reset_hidden,
+    rng,
+)
 from ignite_tbptt.runtime import hidden as hs
 
 
@@ -50,7 +59,12 @@ def setup(dropout=0.0, versions=False):
     params = lambda: [model.w]  # noqa: E731
     v = ParameterVersions(params) if versions else None
     call = ModelCall(
-        model, lambda m, x, h: m(x) if h is None else m(x, h), lambda: torch.autocast("cpu", enabled=False)
+        model,
+        lambda m, x, h: m(x) if h is None else m(x, h),
+        lambda: torch.autocast("cpu", enabled=False),
+        default_reset_hidden,
+        None,
+        Layout(0),
     )
     return model, call, v
 
@@ -120,7 +134,7 @@ def test_segments_the_next_window_reaches_survive_and_are_swept_again():
 
 def test_a_rebuilt_segment_runs_with_its_own_weights_and_random_state():
     model, call, versions = setup(dropout=0.5, versions=True)
-    history = RetainedHistory(call, lambda: [model.w], versions, recompute=True)
+    history = RetainedHistory(call, lambda: [model.w], versions, rebuilds=True)
     x = torch.randn(6, dtype=torch.float64)
     torch.manual_seed(1)
     run(history, call, x, [(0, 3), (3, 6)], owed_from=0, recompute=True, keep=True)
@@ -140,7 +154,7 @@ def test_a_rebuilt_segment_runs_with_its_own_weights_and_random_state():
 
 def test_history_state_dict_rebuilds_the_graphs_it_saved():
     model, call, versions = setup(versions=True)
-    history = RetainedHistory(call, lambda: [model.w], versions, recompute=False)
+    history = RetainedHistory(call, lambda: [model.w], versions, rebuilds=False)
     x = torch.randn(6, dtype=torch.float64)
     run(history, call, x, [(0, 3), (3, 6)], owed_from=0, keep=True)
     state = history.state_dict()
@@ -152,7 +166,7 @@ def test_history_state_dict_rebuilds_the_graphs_it_saved():
     model2 = call2.model
     with torch.no_grad():
         model2.w.copy_(model.w)  # the checkpoint's model holds the stepped weights
-    rebuilt = RetainedHistory(call2, lambda: [model2.w], versions2, recompute=False)
+    rebuilt = RetainedHistory(call2, lambda: [model2.w], versions2, rebuilds=False)
     rebuilt.load_state_dict({**state, "weights": [[torch.tensor(0.9, dtype=torch.float64)]], "current_weights": None})
     sweep(rebuilt, 0, 0, None)
     torch.testing.assert_close(model2.w.grad, unrolled_gradient(x, 0.9, 0, 0, 6), rtol=1e-12, atol=0)

@@ -1,20 +1,23 @@
-"""Windows run as one program over static buffers, captured once in a CUDA graph and replayed.
+"""The second executor: windows run as programs over static buffers, captured once in CUDA graphs and replayed.
 
 Where the model is small, a GPU step is bound by kernel launches: a window of a GRU of 8 units is some fifty
 launches of a few microseconds each. A CUDA graph records them once and replays them as one. What a graph can
-replay is a window whose whole course is fixed before it runs: at k1 = k2, a window that opens and closes in
-one model call, whose loss is backpropagated at once and of which nothing is retained
-(:attr:`~ignite_tbptt.planning.SegmentPlan.whole_window` with ``backward_now``), with the hidden-state reset of
-columns that start a sequence at its first step as a mask. Each shape of such a window is a
+replay is a window whose whole course is fixed before it runs: a window that opens and closes in one model call,
+whose loss is backpropagated at once and of which nothing is retained (its plan says
+:attr:`~ignite_tbptt.planning.SegmentPlan.replayable`; at k1 = k2, every window of a stream but the first), with the
+hidden-state reset of columns that start a sequence at its first step as a mask. Each shape of such a window is a
 :class:`WindowProgram`: its input, targets, hidden state and reset mask are copied into static buffers, the
-model, the loss and the backward pass run on them, and the window's gradients (the graph's outputs) are added into
-the parameters' ``.grad`` after each replay as autograd's backward pass would add them. Everything else (the
-first window of a stream, windows split by a sequence start, windows of a new shape past the bound) runs eagerly,
-and the optimizer step runs eagerly between windows, so handlers, clipping, the inf/NaN check and learning-rate
-schedules work as without graphs.
+model, the loss and the backward pass run on them, and the window's gradients (the program's outputs) are added into
+the parameters' ``.grad`` after each run as autograd's backward pass would add them. :class:`ProgramExecutor` runs
+the plans: replayable ones as programs, every other one (the first windows of a stream, windows split by a sequence
+start, windows of a new shape past the bound) as the eager :class:`~ignite_tbptt.runtime.SegmentExecutor` does.
+The optimizer step runs eagerly between windows, so handlers, clipping, the inf/NaN check and learning-rate
+schedules work as without programs.
 
-Without capture (``capture=False``, the CPU), a program runs the same operations on the same buffers every
-window: it is how the program is tested to give the eager path's parameters bit for bit.
+Captured (``capture=True``, ``cuda_graphs=True`` on CUDA), a program runs eagerly ``warmup`` times on a side
+stream, is captured once, and is replayed after. Uncaptured (``cuda_graphs="uncaptured"``, on any device), a
+program runs the same operations on the same buffers every window: it gives the eager path's parameters bit for
+bit, which is how programs are tested on the CPU.
 
 Sources: PyTorch's CUDA semantics notes, "CUDA Graphs" (whole-network capture: warm-up on a side stream, static
 inputs copied in, outputs read after ``replay()``, ``torch.autocast(..., cache_enabled=False)`` under capture,
@@ -23,17 +26,48 @@ a memory pool shared by graphs that do not run concurrently).
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from ..planning import SegmentPlan
 from . import hidden as hs
+from .executor import SegmentExecutor, SegmentResult
+from .loss_rule import LossRule
 from .model_call import ModelCall
-from .module_state import recache
+from .module_state import repoint_caches
+from .profiling import profiling
+from .stream import StreamState
 
-__all__ = ["WindowGraphs", "WindowProgram", "GraphCaptureError", "check_graphable"]
+__all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram", "GraphCaptureError"]
+
+
+class Execution(enum.Enum):
+    """How a trainer's windows run, decided once where its options are read (``cuda_graphs``)."""
+
+    #: Every segment by the eager :class:`~ignite_tbptt.runtime.SegmentExecutor` (``cuda_graphs=False``).
+    EAGER = "eager"
+    #: Replayable windows as window programs, uncaptured, on any device (``cuda_graphs="uncaptured"``).
+    PROGRAMS = "programs"
+    #: Replayable windows as window programs captured in CUDA graphs (``cuda_graphs=True``).
+    CUDA_GRAPHS = "cuda_graphs"
+
+
+def build_executor(
+    execution: Execution,
+    model_call: ModelCall,
+    loss: LossRule,
+    stream: StreamState,
+    target_count_fn: Callable[[Any, Any], int] | None,
+    parameters: Callable[[], list[torch.Tensor]],
+) -> SegmentExecutor:
+    """The executor ``execution`` names, over ``stream``; ``parameters``: the optimizer's, in its order."""
+    if execution is Execution.EAGER:
+        return SegmentExecutor(model_call, loss, stream, target_count_fn)
+    return ProgramExecutor(model_call, loss, stream, parameters, capture=execution is Execution.CUDA_GRAPHS)
 
 
 class GraphCaptureError(RuntimeError):
@@ -44,23 +78,27 @@ class WindowProgram:
     """One window shape: forward, loss and backward over static buffers, captured after ``warmup`` runs.
 
     Args:
-        graphs: the :class:`WindowGraphs` it belongs to (model call, loss, scaler, parameters and pool).
+        executor: the :class:`ProgramExecutor` it belongs to (model call, loss rule, parameters and pool).
         x, y, hidden: the first window's input, targets and input hidden state, which give the buffers' shapes.
         resets: whether the window resets columns at its first step (a ``(B,)`` bool mask buffer).
         backward_mean: the loss is backpropagated as the mean over the window's targets, else as their sum.
     """
 
     def __init__(
-        self, graphs: WindowGraphs, x: torch.Tensor, y: torch.Tensor, hidden: Any, resets: bool, backward_mean: bool
+        self,
+        executor: ProgramExecutor,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        hidden: Any,
+        resets: bool,
+        backward_mean: bool,
     ) -> None:
-        self.graphs = graphs
+        self.executor = executor
         self.x, self.y = torch.empty_like(x), torch.empty_like(y)
         self.hidden = [torch.empty_like(t) for t in hs.flatten(hidden)]
         self.tree = hs.unflatten(hidden, self.hidden)  # the state the model is given: the buffers
         self.starts = (
-            torch.zeros(x.shape[graphs.model_call.layout.batch_axis(x)], dtype=torch.bool, device=x.device)
-            if resets
-            else None
+            torch.zeros(executor.model_call.layout.columns(x), dtype=torch.bool, device=x.device) if resets else None
         )
         self.backward_mean = backward_mean
         self.targets = y.numel()
@@ -83,66 +121,69 @@ class WindowProgram:
                 buffer.copy_(t)
             if self.starts is not None:
                 self.starts.copy_(starts)
-        graphs = self.graphs
-        if not graphs.capture:
+        executor = self.executor
+        if not executor.capture:
             outputs, fresh = self._body(), True
-        elif self.graph is None and self.runs < graphs.warmup:
+        elif self.graph is None and self.runs < executor.warmup:
             self.runs += 1
-            outputs, fresh = graphs.on_side_stream(self._body), True
+            outputs, fresh = executor.on_side_stream(self._body), True
         else:
             if self.graph is None:
-                self.graph, self.outputs = graphs.captured(self._body)
+                self.graph, self.outputs = executor.captured(self._body)
             self.graph.replay()
             outputs, fresh = self.outputs, False
         mean, hidden_out, y_pred, window_grads = outputs
-        graphs.accumulate(window_grads, fresh)
+        executor.accumulate(window_grads, fresh)
         if fresh:
             return mean, hidden_out, y_pred
         # Fresh tensors: the next replay overwrites the static ones, and a handler may keep a window's values.
         return mean.clone(), [t.clone() for t in hidden_out], pytree.tree_map_only(torch.Tensor, torch.clone, y_pred)
 
     def _body(self) -> tuple[Any, list[torch.Tensor], Any, tuple]:
-        graphs = self.graphs
-        y_pred, hidden_out = graphs.model_call(self.x, self.tree, None, False, self.starts)
-        if graphs.model_call.autocasts:
-            with graphs.model_call.autocast():
-                mean = graphs.loss_fn(y_pred, self.y)
-        else:
-            mean = graphs.loss_fn(y_pred, self.y)
-        loss = mean if self.backward_mean else mean * self.targets
-        root = graphs.scaler.scale(loss) if graphs.scaler is not None else loss
-        window_grads = torch.autograd.grad(root, graphs.trained, allow_unused=True)
+        executor = self.executor
+        y_pred, hidden_out = executor.model_call(self.x, self.tree, None, False, self.starts)
+        rule = executor.loss  # the eager executor's rule: the same operations, so the same gradients
+        mean = rule.mean(y_pred, self.y, self.targets)
+        root = rule.root(rule.backpropagated(mean, self.targets, self.backward_mean))
+        window_grads = torch.autograd.grad(root, executor.trained, allow_unused=True)
         state = [t.detach() for t in hs.flatten(hidden_out)]
-        if graphs.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
-            recache(graphs.model_call.model, hidden_out, hs.unflatten(hidden_out, state))
+        if executor.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
+            repoint_caches(executor.model_call.model, hidden_out, hs.unflatten(hidden_out, state))
         return mean.detach(), state, hs.detached(y_pred), window_grads
 
 
-class WindowGraphs:
-    """The window programs of one trainer, one per window shape, up to ``limit`` of them.
+class ProgramExecutor(SegmentExecutor):
+    """The second executor: the plans that say ``replayable`` as window programs, the others as the eager one runs them.
+
+    A stream's first windows run eagerly all the same, until the checks of a model call that need an eager call are
+    done (the returned state's cut, the columns a reset handles), and so does every window while torch's profiler
+    runs. Up to ``limit`` window shapes get a program; windows of further shapes run eagerly.
 
     Args:
         model_call: runs the model (its autocast must not cache casts under capture).
-        loss_fn: ``loss_fn(y_pred, y)``, reducing by mean over its targets.
-        scaler: the ``GradScaler`` every backward is scaled by, or ``None``.
+        loss: how a segment's loss is computed and backpropagated, the eager executor's rule.
+        stream: the stream's state.
         parameters: the optimizer's parameters, in its order.
         capture: capture each program in a CUDA graph after ``warmup`` eager runs (on CUDA); else run the same
             program eagerly every window.
-        limit: the most window shapes given a program; windows of further shapes run eagerly.
+        limit: the most window shapes given a program.
         warmup: eager runs of a program, on a side stream, before it is captured.
     """
+
+    runs_programs = True
 
     def __init__(
         self,
         model_call: ModelCall,
-        loss_fn: Callable[[Any, Any], torch.Tensor],
-        scaler: torch.amp.GradScaler | None,
+        loss: LossRule,
+        stream: StreamState,
         parameters: Callable[[], list[torch.Tensor]],
+        *,
         capture: bool,
         limit: int = 8,
         warmup: int = 3,
     ) -> None:
-        self.model_call, self.loss_fn, self.scaler = model_call, loss_fn, scaler
+        super().__init__(model_call, loss, stream, None)
         self.parameters, self.capture, self.limit, self.warmup = parameters, capture, limit, warmup
         self.programs: dict[tuple, WindowProgram] = {}
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
@@ -150,28 +191,62 @@ class WindowGraphs:
         self._pool: Any = None
         self._side: Any = None
 
-    def clear(self) -> None:
-        """Forget every program: the next windows run eagerly and are captured afresh."""
-        self.programs.clear()
-        self.trained, self._pointers = [], []
-
     def run(
-        self, plan: Any, x: torch.Tensor, y: torch.Tensor, hidden: Any, starts: torch.Tensor | None
-    ) -> tuple[Any, Any, Any] | None:
-        """Run the window of ``plan`` as a program, or return ``None`` if it must run eagerly.
+        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool = False
+    ) -> SegmentResult:
+        """Run the segment of ``plan`` as a window program where it is ``replayable``, else eagerly.
 
-        Returns:
-            Its mean loss, its returned hidden state and its predictions, all detached.
+        Arguments, result and errors as :meth:`SegmentExecutor.run`'s; a program raises
+        :class:`GraphCaptureError` where its capture fails.
         """
+        if plan.replayable and self._checked_eagerly():
+            result = self._run_program(plan, x, y, resets, keep_predictions)
+            if result is not None:
+                return result
+        return super().run(plan, x, y, resets, keep_predictions)
+
+    def _checked_eagerly(self) -> bool:
+        # What a model call checks once runs eagerly: a stream's first call (no state), the call that checks that the
+        # state returned was read from the state given, the call that checks the reset's columns; and every call
+        # under torch's profiler, whose ranges a program would not show.
+        return (
+            self._state_cut_checked
+            and self.stream.hidden is not None
+            and self._columns_to_check is None
+            and not profiling()
+        )
+
+    def _run_program(
+        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
+    ) -> SegmentResult | None:
+        stream = self.stream
         self._check_parameters()
-        key = (x.shape, x.dtype, y.shape, y.dtype, starts is not None, plan.backward_mean)
+        key = (x.shape, x.dtype, y.shape, y.dtype, resets is not None, plan.backward_mean)
         program = self.programs.get(key)
         if program is None:
             if len(self.programs) >= self.limit:
                 return None
-            program = self.programs[key] = WindowProgram(self, x, y, hidden, starts is not None, plan.backward_mean)
-        mean, hidden_out, y_pred = program(x, y, hidden, starts)
-        return mean, hs.unflatten(hidden, hidden_out), y_pred
+            program = self.programs[key] = WindowProgram(
+                self, x, y, stream.hidden, resets is not None, plan.backward_mean
+            )
+        # The window starts at its cut, so the state's graph (an eager window's; a program's state has none) is never
+        # backpropagated again: let it go now, from the model's caches of the state too. Alive, it would keep the
+        # parameters' AccumulateGrad nodes of the stream it ran on, which the program's backward pass on another
+        # stream, or under capture, would have to wait for.
+        if any(t.requires_grad for t in hs.tensors(stream.hidden)):
+            eager, stream.hidden = stream.hidden, hs.detached(stream.hidden)
+            repoint_caches(self.model_call.model, eager, stream.hidden)
+            del eager
+        mean, hidden_out, predictions = program(x, y, stream.hidden, resets)
+        n = program.targets
+        stream.hidden, stream.position = hs.unflatten(stream.hidden, hidden_out), plan.end
+        stream.window_loss.add(mean, n, True)
+        return SegmentResult(mean, n, predictions if keep_predictions else None)
+
+    def clear(self) -> None:
+        """Forget every program: the next windows run eagerly and are captured afresh."""
+        self.programs.clear()
+        self.trained, self._pointers = [], []
 
     def _check_parameters(self) -> None:
         # A program reads the parameters' storage and differentiates the parameters that required grad when it was
@@ -240,21 +315,3 @@ class WindowGraphs:
                 "increment outside graph capture'): start a new process for the next run."
             ) from error
         return graph, outputs
-
-
-def check_graphable(source: Any) -> None:
-    """Refuse a window source whose windows reach back into earlier ones or leave steps before their cut.
-
-    Such windows (k2 != k1) retain segments or split them, so none would be captured: refused rather than run
-    eagerly while the trainer's argument says otherwise.
-
-    Raises:
-        ValueError: naming the source and the fix.
-    """
-    k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
-    if source.spans_windows or (k1 is not None and k2 is not None and k1 != k2):
-        raise ValueError(
-            f"cuda_graphs=True captures windows of TBPTT(k1, k2) with k1 = k2; {type(source).__name__} has k1 = {k1}, "
-            f"k2 = {k2}, whose windows retain or split segments and are not captured yet. Use k2 = k1, or pass "
-            "cuda_graphs=False."
-        )
