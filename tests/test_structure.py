@@ -187,3 +187,47 @@ def test_the_runtime_carries_out_plans_and_never_asks_a_window_source():
                 receiver = ast.unparse(node.func.value)
                 assert "planner" in receiver, f"{module_name(path)} asks {receiver}.{node.func.attr}(...)"
             assert not (isinstance(node, ast.Attribute) and node.attr == "source" and "runtime" in path.parts)
+
+
+def calls_of(name):
+    """The modules of the package that call ``name(...)`` or ``X.name(...)``, by their path from the package."""
+    found = set()
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if called == name:
+                    found.add(str(path.relative_to(PACKAGE)))
+    return found
+
+
+def test_the_layout_is_made_where_time_dim_is_read_and_no_module_computes_an_axis_from_it():
+    # One Layout per trainer or evaluator, made from its time_dim argument and passed to all that needs an axis.
+    assert calls_of("Layout") == set()
+    assert calls_of("of") >= {"engine/trainer.py", "engine/evaluator.py"}
+    for path in MODULES:
+        if path.name != "layout.py":
+            assert "1 - axis" not in path.read_text(), path
+
+
+def test_how_windows_run_is_decided_once():
+    # The trainer picks the Execution from its options; the plans say which windows a program may run; the loop alone
+    # asks the source (as it is installed) whether its windows may be replayed.
+    executions = {
+        str(p.relative_to(PACKAGE)) for p in MODULES if "Execution." in p.read_text() and p.name != "__init__.py"
+    }
+    assert executions == {"engine/trainer.py", "runtime/window_programs.py"}
+    readers = {
+        str(p.relative_to(PACKAGE))
+        for p in MODULES
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Attribute) and node.attr == "replayable"
+    }
+    assert readers == {"runtime/window_programs.py", "engine/stream_loop.py"}, readers
+
+
+def test_the_engine_imports_the_runtime_through_its_public_names():
+    for path in (PACKAGE / "engine").glob("*.py"):
+        for module, _ in imports(path):
+            assert not module.startswith("ignite_tbptt.runtime."), f"{module_name(path)} imports {module}"

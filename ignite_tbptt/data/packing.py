@@ -121,7 +121,7 @@ class Packing(ABC):
         batches = _pack(self, self.pairs(self._order()), steps)
         if self.shard.whole:
             return batches
-        return (tuple(self.shard.columns(t) for t in batch) for batch in batches)
+        return (tuple(self.shard.select(t) for t in batch) for batch in batches)
 
 
 def holds(dtype: torch.dtype, value: int) -> bool:

@@ -38,8 +38,8 @@ class Shard:
         """Whether this process keeps every column (one process)."""
         return self.world_size == 1
 
-    def columns(self, t: Any, dim: int = 1) -> Any:
-        """This process's columns of ``t`` along ``dim`` (a view)."""
+    def select(self, t: Any, dim: int = 1) -> Any:
+        """This process's columns of ``t`` along ``dim``, 1 for the packers' ``(T, B, *)`` batches (a view)."""
         if self.whole:
             return t
         index = [slice(None)] * t.dim()

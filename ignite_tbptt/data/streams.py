@@ -51,6 +51,6 @@ def stream_batches(
         raise ValueError(f"{tokens.numel()} tokens are too few for {batch_size} streams; use a smaller batch_size.")
     shard = shard_of(rank, world_size)
     shard.check(batch_size)
-    columns = shard.columns(tokens[: steps * batch_size].view(batch_size, steps).t())  # (steps, B)
+    columns = shard.select(tokens[: steps * batch_size].view(batch_size, steps).t())  # (steps, B)
     starts = range(0, steps - 1, length)
     return [(columns[i : min(i + length, steps - 1)], columns[i + 1 : i + 1 + length]) for i in starts]

@@ -73,7 +73,7 @@ class TBPTTStep:
         output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None,
         target_count_fn: Callable[[Any, Any], int] | None,
         recompute: int | None = None,
-        execution: Execution = Execution.EAGER,
+        execution: Execution,
     ) -> None:
         self.loop = StreamLoop(
             model,

@@ -115,7 +115,7 @@ class StreamLoop:
         carry_hidden: bool,
         target_count_fn: Callable[[Any, Any], int] | None,
         recompute: int | None,
-        execution: Execution = Execution.EAGER,
+        execution: Execution,
     ) -> None:
         self.model, self.optimizer_step = model, optimizer_step
         self.layout, self.carry_hidden = layout, carry_hidden

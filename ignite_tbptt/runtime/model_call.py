@@ -120,7 +120,7 @@ class ModelCall:
             StateWrittenInPlace: if the model wrote into a tensor of ``hidden`` in place.
         """
         tensors = hs.tensors(hidden)
-        versions_before = list(map(_VERSION, tensors))  # no comprehension's frame: once a call
+        counters_before = list(map(_VERSION, tensors))  # no comprehension's frame: once a call
         try:
             if versions is None and not self.autocasts:  # k2 <= k1 without autocast: no context to enter
                 if self._direct and hidden is not None and starts is None:
@@ -137,8 +137,8 @@ class ModelCall:
                 if found is not None:
                     raise found from error
             raise
-        if tensors and list(map(_VERSION, tensors)) != versions_before:
-            raise written_leaf(hidden, tensors, versions_before)
+        if tensors and list(map(_VERSION, tensors)) != counters_before:
+            raise written_leaf(hidden, tensors, counters_before)
         if not isinstance(output, (tuple, list)) or len(output) != 2:
             raise TypeError(
                 "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "

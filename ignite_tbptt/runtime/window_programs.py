@@ -133,7 +133,7 @@ class WindowProgram:
             self.graph.replay()
             outputs, fresh = self.outputs, False
         mean, hidden_out, y_pred, window_grads = outputs
-        executor.accumulate(window_grads, fresh)
+        executor.add_window_gradients(window_grads, fresh)
         if fresh:
             return mean, hidden_out, y_pred
         # Fresh tensors: the next replay overwrites the static ones, and a handler may keep a window's values.
@@ -262,7 +262,7 @@ class ProgramExecutor(SegmentExecutor):
             self.clear()
             self.trained, self._pointers = trained, pointers
 
-    def accumulate(self, window_grads: tuple, fresh: bool) -> None:
+    def add_window_gradients(self, window_grads: tuple, fresh: bool) -> None:
         """Add a window's gradients into the parameters' ``.grad`` as autograd's backward would.
 
         A parameter without a gradient from the window keeps its ``.grad`` (``None`` if it had none, so that the
