@@ -15,7 +15,7 @@ from .artbp import ARTBP
 from .close_plan import ClosePlan, SweepStep, plan_close
 from .random_windows import RandomWindows
 from .reach import ReachRequests
-from .schedule import Schedule
+from .schedule import Schedule, k2_cut
 from .segment_plan import SegmentPlan, plan_segment
 from .stream_planner import StreamPlanner
 from .window import Window, WindowSource
@@ -24,6 +24,7 @@ __all__ = [
     "Window",
     "WindowSource",
     "Schedule",
+    "k2_cut",
     "RandomWindows",
     "ARTBP",
     "SegmentPlan",
