@@ -20,7 +20,7 @@ from .engine import (
 )
 from .handlers import AdaptiveTruncation, GradientClipping, GradientReach, attach_tensorboard, gradient_norm
 from .metrics import BitsPerTarget, LossPerTarget, Perplexity
-from .planning import ARTBP, RandomWindows, Schedule, Window, WindowSource
+from .planning import ARTBP, RandomWindows, Schedule, Window, WindowSource, walk
 from .plot import plot_columns, plot_reach, plot_schedule
 from .runtime import default_model_fn, default_reset_hidden
 from .version import __version__ as __version__
@@ -38,6 +38,7 @@ __all__ = [
     "ARTBP",
     "Window",
     "WindowSource",
+    "walk",
     "default_model_fn",
     "default_reset_hidden",
     "create_tbptt_evaluator",

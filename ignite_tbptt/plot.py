@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .checks import positive_int
-from .planning import Schedule
+from .planning import ClosePlan, Schedule, walk
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the package
     from matplotlib.axes import Axes
@@ -25,8 +25,8 @@ def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Fig
     Each row shows the steps whose losses the window computes (dark), the steps its backward pass reaches,
     from its cut to its end (light), and the cut (red line: the hidden state entering that step is treated as
     a constant). With ``k2 < k1`` the steps before the cut are drawn in orange: each gets only the gradient of
-    its own loss. The semantics are those of :class:`~ignite_tbptt.Schedule` (Williams & Peng 1990;
-    Sutskever 2013, section 2.8.6).
+    its own loss. The windows and cuts are those the trainer plans for :class:`~ignite_tbptt.Schedule`
+    (:func:`~ignite_tbptt.planning.walk`; Williams & Peng 1990; Sutskever 2013, section 2.8.6).
 
     Args:
         k1: steps between backward passes.
@@ -52,14 +52,13 @@ def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Fig
 
     schedule = Schedule(k1, k2)
     positive_int("n_steps", n_steps, "steps of the stream")
-    starts = list(range(0, n_steps, k1))
+    closes = [p.plan for p in walk(schedule, n_steps) if isinstance(p.plan, ClosePlan)]  # each window, as it closes
+    windows = [(close.start, close.end, close.cut) for close in closes]
     own_figure = ax is None
     if ax is None:
-        fig = Figure(figsize=(min(18.0, 5.5 + 0.3 * n_steps), 1.4 + 0.4 * len(starts)), layout="constrained")
+        fig = Figure(figsize=(min(18.0, 5.5 + 0.3 * n_steps), 1.4 + 0.4 * len(windows)), layout="constrained")
         ax = fig.add_subplot()
-    for w, start in enumerate(starts):
-        end = schedule.window_end(start, n_steps)
-        cut = schedule.cut(start, end)
+    for w, (start, end, cut) in enumerate(windows):
         ax.add_patch(Rectangle((cut, w - 0.35), end - cut, 0.7, color=_REACH, gid=f"reach-{w}"))
         ax.add_patch(Rectangle((start, w - 0.18), end - start, 0.36, color=_LOSS, gid=f"losses-{w}"))
         for t in range(start, cut):
@@ -67,8 +66,8 @@ def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Fig
             ax.add_patch(Rectangle((t, w - 0.18), 1, 0.36, color=_LOSS, ec="white"))
         ax.plot([cut, cut], [w - 0.45, w + 0.45], color=_CUT, lw=2)
     ax.set_xlim(0, n_steps)
-    ax.set_ylim(len(starts) - 0.5, -0.5)
-    ax.set_yticks(range(len(starts)), [str(w + 1) for w in range(len(starts))])
+    ax.set_ylim(len(windows) - 0.5, -0.5)
+    ax.set_yticks(range(len(windows)), [str(w + 1) for w in range(len(windows))])
     ax.set_xlabel("step of the stream")
     ax.set_ylabel("window")
     ax.set_title(f"TBPTT(k1={k1}, k2={k2})")

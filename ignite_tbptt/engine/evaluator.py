@@ -13,6 +13,7 @@ from ..checks import positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..data.batch import resets_by_step, split_batch
 from ..layout import Layout
+from ..planning import Schedule, SegmentPlan, walk
 from ..runtime import build_model_call, default_model_fn, default_reset_hidden, join_along
 
 __all__ = ["create_tbptt_evaluator"]
@@ -104,10 +105,13 @@ def create_tbptt_evaluator(
         hidden = stream["hidden"] if carry_hidden else None
         length = layout.length(x)
         resets = {} if starts is None else resets_by_step(starts, x, layout)
-        # Pieces end every segment_length steps and, as the trainer's segments, where some column starts a sequence.
-        bounds = sorted({*range(0, length, segment_length or length), *resets, length})
+        # The segments of the trainer's TBPTT(L, L) over the batch, L = segment_length: pieces end every L steps
+        # and where some column starts a sequence.
+        windows = Schedule(segment_length or length, segment_length or length)
+        walked = walk(windows, length, sequence_starts=resets)
+        pieces = [(p.plan.start, p.plan.end) for p in walked if isinstance(p.plan, SegmentPlan)]
         y_preds = []
-        for start, end in zip(bounds, bounds[1:]):
+        for start, end in pieces:
             y_pred, hidden = model_call(layout.steps(x, start, end), hidden, starts=resets.get(start))
             y_preds.append(y_pred)
         stream["hidden"] = hidden

@@ -291,9 +291,10 @@ class TBPTTStep:
         x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
         length, resets = loop.check_batch(x, y, starts)
         epoch_length = engine.state.epoch_length
-        last = epoch_length is not None and engine.state.iteration % epoch_length == 0
-        result = loop.run_batch(x, y, length, resets, last, keep_predictions=self.output_transform is not None)
-        if last and loop.failed is None:
+        epoch_ends = epoch_length is not None and engine.state.iteration % epoch_length == 0
+        ends_stream = epoch_ends or not loop.carry_hidden  # without carry_hidden, every batch is a stream
+        result = loop.run_batch(x, y, length, resets, ends_stream, keep_predictions=self.output_transform is not None)
+        if epoch_ends and loop.failed is None:
             self.end_epoch(engine)
         loop.collect_failure()
         if loop.failed is not None:  # a NaN output, so that ignite's TerminateOnNan ends the run here

@@ -9,7 +9,6 @@ a step's boundary is reported to a :class:`LoopListener` (the process function's
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -17,7 +16,7 @@ import torch
 
 from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
-from ..planning import StreamPlanner, WindowSource
+from ..planning import StreamPlanner, WindowSource, plan_batch
 from ..runtime import (
     Execution,
     LossRule,
@@ -246,28 +245,27 @@ class StreamLoop:
         return resets
 
     def run_batch(
-        self, x: Any, y: Any, length: int, resets: dict[int, torch.Tensor], last: bool, keep_predictions: bool
+        self, x: Any, y: Any, length: int, resets: dict[int, torch.Tensor], ends_stream: bool, keep_predictions: bool
     ) -> BatchResult:
-        """Run a checked batch of ``length`` steps; ``last`` if it is the epoch's last (or each batch is a stream).
+        """Run a checked batch of ``length`` steps; ``ends_stream`` if the batch ends its stream.
 
-        The stream's windows that close inside the batch are backpropagated, and their optimizer steps taken;
-        no window runs after a refused step (:attr:`failed`).
+        A batch ends its stream if it is the epoch's last (with the epoch's length known) or if every batch is a
+        stream of its own (``carry_hidden=False``). The stream's windows that close inside the batch are
+        backpropagated, and their optimizer steps taken; no window runs after a refused step (:attr:`failed`).
         """
         self.model.train()
         stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
         if not self.carry_hidden:
             self.reset_stream()
         offset = stream.position
-        batch_end = offset + length
-        stream_end = batch_end if not self.carry_hidden or last else None
-        sequence_starts = [offset + t for t in resets]
+        batch = plan_batch(offset, length, ends_stream, resets)
         one_window_per_step = self.optimizer_step.one_window_per_step
         total, predictions = LossSum(), []
-        while stream.position < batch_end and self.failed is None:
+        while stream.position < batch.end and self.failed is None:
             if planner.window is None:
                 self._open_window()
-            next_start = _next_start(sequence_starts, stream.position) if sequence_starts else None
-            plan = planner.segment(stream.position, batch_end, stream_end, next_start, one_window_per_step)
+            step = stream.position
+            plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
             start, end = plan.start - offset, plan.end - offset
             result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
             total.add(result.loss, result.targets, plan.whole_window)
@@ -275,7 +273,7 @@ class StreamLoop:
             self.listener.targets_processed(result.targets)
             predictions.append(result.predictions)
             if plan.closes_window:
-                self.close_window(plan.end, stream_continues=plan.end != stream_end)
+                self.close_window(plan.end, stream_continues=batch.stream_continues(plan.end))
         return BatchResult(total, predictions)
 
     # -- window and step boundaries ----------------------------------------------------------------------------
@@ -350,9 +348,3 @@ class StreamLoop:
         if failure is not None and self.failed is None:
             self.history.clear()
             self.failed = failure
-
-
-def _next_start(starts: list[int], step: int) -> int | None:
-    # The first step after `step` where some column starts a sequence, if any.
-    following = bisect_right(starts, step)
-    return starts[following] if following < len(starts) else None

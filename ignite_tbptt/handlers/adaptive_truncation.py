@@ -27,7 +27,7 @@ from ignite.engine import Engine
 
 from ..checks import positive_int
 from ..engine import TBPTTStep
-from ..planning import RandomWindows, Schedule, Window, WindowSource
+from ..planning import RandomWindows, Schedule, Window, WindowSource, k2_cut
 
 __all__ = ["AdaptiveTruncation"]
 
@@ -154,9 +154,12 @@ class AdaptiveTruncation(WindowSource):
         return Window(start, end, cut)
 
     def cut(self, start: int, end: int) -> int:
-        """``start - (k2 - k1)`` for the k2 the window was planned with, never before an earlier window's cut."""
+        """SPEC.md's cut (:func:`~ignite_tbptt.planning.k2_cut`) for the k2 the window was planned with.
+
+        ``start - (k2 - k1)``, since k2 exceeds k1, never before the stream's start nor an earlier window's cut.
+        """
         k2, lowest = self._planned.get(start, (self.k2, self._last_cut))
-        return max(lowest, start - (k2 - self.k1), 0)
+        return max(lowest, k2_cut(self.k1, k2, start, end))
 
     def reset(self) -> None:
         """A new stream: forget its planned windows; k2 and the estimate go on."""

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ..planning import Schedule, plan_segment
+from ..planning import Schedule, SegmentPlan, walk
 
 __all__ = ["mamba2_model_fn", "mamba2_reset_hidden", "check_mamba2_schedule"]
 
@@ -215,11 +215,12 @@ def check_mamba2_schedule(
 ) -> None:
     """Refuse a fixed TBPTT(k1, k2) schedule under which the trainer would call Mamba2 on one step with a state.
 
-    Call it before building the trainer. The trainer's own segment planning is walked over a stream of batches of
-    ``batch_length`` steps (``carry_hidden=True``; with ``carry_hidden=False`` a batch is a stream, whose last window
-    is ``batch_length % k1`` long), long enough to repeat. What the schedule does not decide is left to
-    :func:`mamba2_model_fn`'s own check: an epoch's stream one step longer than a multiple of ``k1``, sequence starts
-    one step from a window's start, end or cut, and a gradient reach recorded with a stride of one step.
+    Call it before building the trainer. The trainer's own segment planning is walked
+    (:func:`~ignite_tbptt.planning.walk`) over a stream of batches of ``batch_length`` steps (``carry_hidden=True``;
+    with ``carry_hidden=False`` a batch is a stream, whose last window is ``batch_length % k1`` long), long enough to
+    repeat. What the schedule does not decide is left to :func:`mamba2_model_fn`'s own check: an epoch's stream one
+    step longer than a multiple of ``k1``, sequence starts one step from a window's start, end or cut, and a gradient
+    reach recorded with a stride of one step.
 
     Args:
         k1: steps between backward passes.
@@ -242,16 +243,15 @@ def check_mamba2_schedule(
     source = Schedule(k1, k1 if k2 is None else k2)
     period = math.lcm(source.k1, batch_length or 1, recompute or 1)
     horizon = 2 * period + source.k2 + source.k1
-    window, step = source.window(0), 0
-    while step < horizon:
-        batch_end = horizon + 1 if batch_length is None else (step // batch_length + 1) * batch_length
-        end = plan_segment(source, window, step, batch_end, None, recompute).end
-        if end - step == 1 and step > 0:
+    # A stream that outlasts the window of the horizon's last step: no window walked is cut short by its end.
+    planned = walk(source, horizon + source.k1, batch_length=batch_length, recompute=recompute)
+    for plan in (p.plan for p in planned if isinstance(p.plan, SegmentPlan)):
+        if plan.start >= horizon:
+            return
+        if plan.end - plan.start == 1 and plan.start > 0:
+            window = plan.window
             raise ValueError(
-                f"TBPTT(k1={source.k1}, k2={source.k2}) would call Mamba2 on the one step [{step}, {end}) of the "
-                f"window [{window.start}, {window.end}) (batches of {batch_length or 'any'} steps, recompute="
+                f"TBPTT(k1={source.k1}, k2={source.k2}) would call Mamba2 on the one step [{plan.start}, {plan.end}) "
+                f"of the window [{window.start}, {window.end}) (batches of {batch_length or 'any'} steps, recompute="
                 f"{recompute}), which Hugging Face's single-step path cannot backpropagate: {_ONE_STEP_FIX}."
             )
-        if end == window.end:
-            window = source.window(end)
-        step = end

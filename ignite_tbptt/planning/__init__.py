@@ -5,25 +5,29 @@ TBPTT(k1, k2) windows (:class:`Schedule`), random lengths (:class:`RandomWindows
 (:class:`ARTBP`). :func:`plan_segment` turns a window and the batch at hand into the decisions for one model call,
 a :class:`SegmentPlan`, and :func:`plan_close` the close of a window into its cut, the next window and every step
 of its backward sweep, a :class:`ClosePlan`; the runtime only carries them out. A :class:`StreamPlanner` asks the
-source for one stream and makes both plans; :class:`ReachRequests` decides which windows record their gradient
-reach. Modules here import nothing but the standard library,
-each other and :mod:`ignite_tbptt.checks`, so every decision is tested without a tensor. A new window source goes
-here, as a subclass of :class:`WindowSource`.
+source for one stream and makes both plans, each batch's bounds coming from :func:`plan_batch`;
+:class:`ReachRequests` decides which windows record their gradient reach. :func:`walk` makes every plan the trainer
+makes over a stream without running anything, for whatever needs to know where windows, segments and cuts fall.
+Modules here import nothing but the standard library, each other and :mod:`ignite_tbptt.checks`, so every decision
+is tested without a tensor. A new window source goes here, as a subclass of :class:`WindowSource`.
 """
 
 from .artbp import ARTBP
+from .batch_plan import BatchPlan, plan_batch
 from .close_plan import ClosePlan, SweepStep, plan_close
 from .random_windows import RandomWindows
 from .reach import ReachRequests
-from .schedule import Schedule
+from .schedule import Schedule, k2_cut
 from .segment_plan import SegmentPlan, plan_segment
 from .stream_planner import StreamPlanner
+from .walk import Planned, walk
 from .window import Window, WindowSource
 
 __all__ = [
     "Window",
     "WindowSource",
     "Schedule",
+    "k2_cut",
     "RandomWindows",
     "ARTBP",
     "SegmentPlan",
@@ -33,4 +37,8 @@ __all__ = [
     "plan_close",
     "ReachRequests",
     "StreamPlanner",
+    "BatchPlan",
+    "plan_batch",
+    "Planned",
+    "walk",
 ]

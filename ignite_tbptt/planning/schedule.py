@@ -12,7 +12,33 @@ from typing import Any
 from ..checks import positive_int
 from .window import Window, WindowSource
 
-__all__ = ["Schedule", "K2Rule"]
+__all__ = ["Schedule", "K2Rule", "k2_cut"]
+
+
+def k2_cut(k1: int, k2: int, start: int, end: int) -> int:
+    """SPEC.md's cut of the window ``[start, end)`` under TBPTT(k1, k2): the first step its backward pass reaches.
+
+    For ``k2 >= k1`` the cut lies ``k2 - k1`` steps before the window's start, never before the stream's start (a
+    full window of ``k1`` steps reaches ``k2`` steps back from its end, a shorter one as far before its start); for
+    ``k2 < k1`` it lies ``k2`` steps before the window's end, never before its start (Williams & Peng 1990, BPTT(h;
+    h'), with h = k2 and h' = k1; Sutskever 2013, section 2.8.6). Every source with a k2 rule applies this one.
+
+    Args:
+        k1: steps between two backward passes.
+        k2: steps a full window's backward pass reaches back from its end.
+        start: first step of the window.
+        end: its end (exclusive).
+
+    Returns:
+        The cut, ``0 <= cut < end`` for a window of at least one step.
+
+    Examples:
+        >>> k2_cut(2, 5, 6, 8), k2_cut(2, 5, 2, 4), k2_cut(5, 2, 0, 5), k2_cut(5, 2, 10, 11)
+        (3, 0, 3, 10)
+    """
+    if k2 >= k1:
+        return max(0, start - (k2 - k1))
+    return max(start, end - k2)
 
 
 class K2Rule:
@@ -22,14 +48,12 @@ class K2Rule:
     k2: int
 
     def cut(self, start: int, end: int) -> int:
-        """Cut of the window ``[start, end)``: the first step its backward pass reaches.
+        """Cut of the window ``[start, end)``: the first step its backward pass reaches (:func:`k2_cut`).
 
         ``start - (k2 - k1)``, never before the stream's start, for ``k2 >= k1``; ``max(start, end - k2)`` for
         ``k2 < k1``.
         """
-        if self.k2 >= self.k1:
-            return max(0, start - (self.k2 - self.k1))
-        return max(start, end - self.k2)
+        return k2_cut(self.k1, self.k2, start, end)
 
     @property
     def spans_windows(self) -> bool:
