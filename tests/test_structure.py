@@ -231,3 +231,13 @@ def test_the_engine_imports_the_runtime_through_its_public_names():
     for path in (PACKAGE / "engine").glob("*.py"):
         for module, _ in imports(path):
             assert not module.startswith("ignite_tbptt.runtime."), f"{module_name(path)} imports {module}"
+
+
+def test_the_architecture_page_names_every_module():
+    # docs/architecture.md is drawn from the listing: a module added or renamed is added or renamed there too.
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    for path in MODULES:
+        if path.name != "__init__.py" and "examples" not in path.parts:  # the examples are named without .py
+            assert path.name in page, f"docs/architecture.md does not name {path.relative_to(PACKAGE)}"
+        elif "examples" in path.parts and path.name != "__init__.py":
+            assert path.stem in page, f"docs/architecture.md does not name examples/{path.stem}"
