@@ -1,12 +1,14 @@
 """Which windows have their gradient reach recorded, and how densely: the one place that decides it.
 
-The gradient reach of a window is the norm of its loss's gradient with respect to the hidden state at each segment
-start its backward pass crosses, back to its cut (:class:`~ignite_tbptt.GradientReach`; Bengio et al. 1994 and
-Pascanu et al. 2013 on its decay). Recording it needs the gradient at the cut too, so a recorded window's segments
-take gradient into their input hidden state, and with a stride its segments also end every ``stride`` steps. Both
-are decisions of the plans (:func:`~ignite_tbptt.planning.plan_segment`, :func:`~ignite_tbptt.planning.plan_close`);
-the handlers that want the reach (``GradientReach``, ``AdaptiveTruncation``) only ask for it here, through the
-trainer, and read ``engine.state.gradient_reach``.
+The gradient reach of a window is the norm of its mean loss's gradient with respect to the hidden state at each
+segment start its backward pass crosses, back to its cut (:class:`~ignite_tbptt.GradientReach`; Bengio et al. 1994
+and Pascanu et al. 2013 on its decay). The handlers that want it (``GradientReach``, ``AdaptiveTruncation``) only ask
+for it here, through the trainer, and read ``engine.state.gradient_reach``. What a recorded window needs follows from
+this decision alone: its segments take gradient into their input hidden state, down to the cut, and with a stride
+also end every ``stride`` steps (:func:`~ignite_tbptt.planning.plan_segment`'s ``recorded`` and ``stride``); its
+sweep hands back the gradients (:attr:`~ignite_tbptt.planning.ClosePlan.recorded`); and
+:func:`~ignite_tbptt.runtime.reach_profile` turns them into the mean loss's norms, dividing by the scale and the
+target count the window backpropagated.
 """
 
 from __future__ import annotations
