@@ -43,9 +43,9 @@ import math
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from ..planning import Schedule, SegmentPlan, walk
+from .columns import zero_columns
 
 __all__ = ["mamba2_model_fn", "mamba2_reset_hidden", "check_mamba2_schedule"]
 
@@ -197,17 +197,7 @@ def mamba2_reset_hidden(state: Any, starts: torch.Tensor) -> Any:
         >>> new[0][1][:, 0, 0, 0].tolist()
         [1.0, 0.0, 1.0]
     """
-    batch = starts.shape[0]
-
-    def reset(t: torch.Tensor) -> torch.Tensor:
-        if t.dim() == 0 or t.shape[0] != batch:
-            raise ValueError(
-                f"mamba2_reset_hidden zeroes columns of (B, ...) tensors with B = {batch}, but the state holds a "
-                f"tensor of shape {tuple(t.shape)}."
-            )
-        return t.masked_fill(starts.view(batch, *([1] * (t.dim() - 1))), 0)
-
-    return pytree.tree_map_only(torch.Tensor, reset, state)
+    return zero_columns(state, starts, "mamba2_reset_hidden")
 
 
 def check_mamba2_schedule(
