@@ -19,6 +19,7 @@ On another device, three more things hold:
 - cuDNN runs its deterministic algorithms, so that runs compared bit for bit (resumes, replays) are comparable.
 """
 
+import os
 import socket
 import sys
 from pathlib import Path
@@ -30,7 +31,13 @@ import torch
 ON_DEVICE = {"engine", "handlers", "runtime", "data", "planning", "models", "examples"}
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser, pluginmanager):
+    if not pluginmanager.has_plugin("xdist"):
+        # pyproject.toml's addopts runs pytest-xdist workers: where it is not installed, or `-p no:xdist` turns it
+        # off, its options are still accepted (and ignored), and the tests run in this one process.
+        group = parser.getgroup("xdist", "distributed and subprocess testing (pytest-xdist is not loaded)")
+        group._addoption("-n", "--numprocesses", dest="numprocesses", default=0, help="ignored: no pytest-xdist")
+        group.addoption("--dist", default="no", help="ignored: no pytest-xdist")
     parser.addoption(
         "--device",
         default="cpu",
@@ -42,6 +49,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (still part of the README's test command)")
     config.addinivalue_line("markers", "cpu_only(reason): runs on the CPU only; skipped with the reason under --device")
     config.addinivalue_line("markers", "explicit_device: no default device; the test places everything on `device`")
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker (the README's command runs two)
+        # The cores are shared out among the workers: torch's threads here, and in the processes a test starts
+        # (examples, gloo groups, the docs build, the notebook's kernel). Two workers each running as many threads as
+        # there are cores are several times slower than one after the other.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = max(1, cores // config.workerinput["workercount"])
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
     device = torch.device(config.getoption("--device"))
     if device.type == "cuda" and not torch.cuda.is_available():
         raise pytest.UsageError(f"--device {device}: this torch ({torch.__version__}) sees no CUDA device.")
@@ -50,6 +65,12 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):
+        # The longest first (the notebook, then the tests marked slow), so that the workers share them out while
+        # the short ones fill in around them, rather than one worker being left with a long test at the end.
+        items.sort(
+            key=lambda item: 0 if item.nodeid.endswith(".ipynb") else 1 if item.get_closest_marker("slow") else 2
+        )
     device = torch.device(config.getoption("--device"))
     if device.type == "cpu":
         return
