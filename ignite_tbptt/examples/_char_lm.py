@@ -10,7 +10,9 @@ import argparse
 import gc
 import json
 import math
+import os
 import signal
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -58,6 +60,7 @@ __all__ = [
     "new_run_dir",
     "run",
     "train_process",
+    "LineProgress",
     "StopOnInterrupt",
 ]
 
@@ -337,8 +340,10 @@ def read_resumed(path: Path, device: Any) -> dict:
 
 def run(args: argparse.Namespace) -> dict:
     """Train the model as ``args`` say; returns the validation bits per character of each epoch and the unigram's."""
+    args.view = args.logdir  # what `tensorboard --logdir` is told: all runs where the job names the directory
     if args.logdir is None:  # one directory per run, so that reruns do not mix their curves and checkpoints
         args.logdir = new_run_dir(Path("runs"))
+        args.view = args.logdir.parent
     if args.nproc == 1:
         return train_process(args)
     backend = "nccl" if torch.device(args.device).type == "cuda" else "gloo"
@@ -404,7 +409,7 @@ def train(args: argparse.Namespace, interrupted: StopOnInterrupt) -> dict:
 
     history: dict = {"unigram_bpc": unigram, "valid_bpc": [], "train_bpc": []}
     rank0 = idist.get_rank() == 0  # in a multi-process run, only rank 0 reports
-    progress = ProgressBar(persist=True) if rank0 and not args.no_progress else None
+    progress = None if args.no_progress or not rank0 else terminal_bar() if sys.stderr.isatty() else LineProgress()
     say = progress.log_message if progress is not None else print if rank0 else lambda _: None
 
     @trainer.on(Events.EPOCH_COMPLETED)
@@ -423,6 +428,8 @@ def train(args: argparse.Namespace, interrupted: StopOnInterrupt) -> dict:
     if args.resume:
         resume(args, to_save, device, say)
     args.logdir.mkdir(parents=True, exist_ok=True)
+    if rank0:
+        print(where_it_logs(args), flush=True)
     tb_logger = attach_handlers(args, trainer, evaluator, to_save, logs=rank0)
     if progress is not None:
         progress.attach(trainer, output_transform=lambda loss: {"bits/char": loss / LN2})
@@ -435,6 +442,68 @@ def train(args: argparse.Namespace, interrupted: StopOnInterrupt) -> dict:
     history["logdir"] = str(args.logdir)
     history["interrupted"] = interrupted.checkpoint
     return history
+
+
+def where_it_logs(args: argparse.Namespace) -> str:
+    """The lines that say where the run writes its TensorBoard logs and checkpoints, and how to view them."""
+    logdir, checkpoints = args.logdir, args.logdir / "checkpoints"
+    when = f"every {args.checkpoint_every} iterations and on Ctrl-C" if args.checkpoint_every else "on Ctrl-C only"
+    return (
+        f"TensorBoard logs: {logdir}{os.sep} (to view them: tensorboard --logdir {getattr(args, 'view', logdir)})\n"
+        f"checkpoints: {checkpoints}{os.sep}, {when} (--resume FILE continues from one)"
+    )
+
+
+#: The progress bar in a terminal: the batches of the epoch, their rate and the last batch's bits per character.
+BAR = "{desc}[{n_fmt}/{total_fmt}] {percentage:3.0f}%|{bar}| [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
+
+
+def terminal_bar() -> ProgressBar:
+    """Ignite's progress bar, its rate in batches per second and the bits per character after it."""
+    return ProgressBar(persist=True, bar_format=BAR, unit=" batches")
+
+
+class LineProgress:
+    """The progress of each epoch as lines of text, for a file: every ``seconds``, and once at the epoch's end.
+
+    A progress bar redraws itself in place, which a file keeps as a new copy every time. Where standard error is not a
+    terminal the main job writes these lines to standard output instead, each once.
+
+    Args:
+        seconds: the least time between two lines of an epoch.
+    """
+
+    def __init__(self, seconds: float = 30.0) -> None:
+        self.seconds = seconds
+        self.start = self.last = time.perf_counter()
+        self.first = 0
+
+    def attach(self, trainer: Any, output_transform: Any) -> None:
+        """Report ``trainer``'s epochs, with ``output_transform(engine.state.output)``'s values."""
+        self.transform = output_transform
+        trainer.add_event_handler(Events.EPOCH_STARTED, self._started)
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, self._iteration)
+
+    def log_message(self, message: str) -> None:
+        """Print ``message`` on a line of its own."""
+        print(message, flush=True)
+
+    def _started(self, engine: Any) -> None:
+        self.start = self.last = time.perf_counter()
+        self.first = engine.state.iteration  # a resumed run starts mid-epoch
+
+    def _iteration(self, engine: Any) -> None:
+        now, length = time.perf_counter(), engine.state.epoch_length
+        done = (engine.state.iteration - 1) % length + 1
+        if done < length and now - self.last < self.seconds:
+            return
+        self.last = now
+        rate = (engine.state.iteration - self.first) / max(now - self.start, 1e-9)
+        values = ", ".join(f"{name} {value:.3f}" for name, value in self.transform(engine.state.output).items())
+        self.log_message(
+            f"epoch {engine.state.epoch}/{engine.state.max_epochs}: {done}/{length} batches ({done / length:.0%}) in "
+            f"{now - self.start:.0f} s, {rate:.2f} batches/s; last batch {values}"
+        )
 
 
 def resume(args: argparse.Namespace, to_save: dict, device: Any, say: Any) -> None:

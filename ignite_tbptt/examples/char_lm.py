@@ -28,7 +28,9 @@ to TensorBoard, and prints the validation bits per character after each epoch, n
 mid-epoch included, with the result of an uninterrupted run. ``--reach N`` records the gradient reach of
 every N-th window (TensorBoard: ``train/reach_at_cut`` and a picture); ``--adaptive DELTA`` lets k2 follow
 the measured decay of the hidden-state gradient (TensorBoard: ``train/k2``); ``--artbp L`` truncates without
-bias (:class:`~ignite_tbptt.ARTBP`, windows of ``L`` steps on average).
+bias (:class:`~ignite_tbptt.ARTBP`, windows of ``L`` steps on average). The job prints where its logs and
+checkpoints go before it trains; in a terminal it shows ignite's progress bar (batches per second, the last batch's
+bits per character), and where standard error is not one (a log file) a line of progress every 30 seconds instead.
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
 the training are in ``_char_lm``, whose names it forwards (``char_lm.CharLSTM``, ``char_lm.load_data``...).
@@ -148,7 +150,9 @@ def run_options(p: argparse.ArgumentParser) -> None:
         "--checkpoint-every", type=non_negative_int, default=100, help="iterations between checkpoints, 0 for none"
     )
     p.add_argument("--resume", type=existing_file, help="checkpoint file to continue from (default: none)")
-    p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    p.add_argument(
+        "--no-progress", action="store_true", help="do not show the progress bar (or, in a file, the progress lines)"
+    )
 
 
 def process_options(p: argparse.ArgumentParser) -> None:
