@@ -9,6 +9,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ignite_tbptt.examples import char_lm
 
+from .readme import BITS, figures, full_run
+
 pytestmark = pytest.mark.slow  # trains the main job's model in subprocesses
 
 
@@ -305,3 +307,10 @@ def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path
     assert resumed["valid_bpc"] == [sharded["valid_bpc"][-1]]  # exactly: the full state dicts restore the shards
     with pytest.raises(SystemExit):
         char_lm.main([*STREAM, "--fsdp"])  # one process has nothing to shard over
+
+
+@full_run
+@pytest.mark.cpu_only("the README's figures are CPU runs")
+def test_the_readme_gives_the_figures_the_main_job_prints(tmp_path):
+    history = char_lm.main(["--no-progress", "--checkpoint-every", "0", "--logdir", str(tmp_path)])  # about a minute
+    assert history["valid_bpc"] == pytest.approx(figures("char_lm"), abs=BITS)

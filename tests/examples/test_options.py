@@ -3,6 +3,7 @@
 import argparse
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from ignite_tbptt.examples.options import HelpFormatter, busy_cores_note
+
+from .readme import PATTERNS, figures
 
 EXAMPLES = ["char_lm", "vowels", "spiking_vowels", "decoder", "xlstm_lm", "memory_transformer", "mamba_lm"]
 PACKAGE = Path(__file__).parents[2] / "ignite_tbptt"
@@ -175,3 +178,8 @@ def test_a_command_tells_the_user_once_where_other_processes_keep_the_cores_busy
     monkeypatch.setattr(os, "cpu_count", lambda: 16)
     monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.2, 0.8))
     assert busy_cores_note("pass --threads 1", threads=8) is None  # cores enough for the others and these threads
+
+
+def test_the_readme_gives_every_examples_figures_where_their_tests_look_for_them():
+    for example, pattern in PATTERNS.items():
+        assert len(figures(example)) == re.compile(pattern).groups > 0
