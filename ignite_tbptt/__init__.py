@@ -6,24 +6,79 @@ without torch; :mod:`~ignite_tbptt.runtime` carries the plans out with torch, wi
 :mod:`~ignite_tbptt.data` lays out batches. The names below are the public API.
 """
 
-from .data import count_targets, masked_loss
-from .engine import (
-    DeterministicTBPTTEngine,
-    FullStateDict,
-    TBPTTEngine,
-    TBPTTEvents,
-    TBPTTStep,
-    create_tbptt_evaluator,
-    create_tbptt_trainer,
-    load_checkpoint,
-    tbptt_training_step,
-)
-from .handlers import AdaptiveTruncation, GradientClipping, GradientReach, attach_tensorboard, gradient_norm
-from .metrics import BitsPerTarget, LossPerTarget, Perplexity
-from .planning import ARTBP, RandomWindows, Schedule, Window, WindowSource, walk
-from .plot import plot_columns, plot_reach, plot_schedule
-from .runtime import default_model_fn, default_reset_hidden
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .version import __version__ as __version__
+
+# Each public name and the subpackage that defines it. They are imported on first use (PEP 562), so that
+# ``import ignite_tbptt.examples.char_lm`` parses its options, and answers ``--help``, before torch loads.
+_SOURCES = {
+    "count_targets": "data",
+    "masked_loss": "data",
+    "DeterministicTBPTTEngine": "engine",
+    "FullStateDict": "engine",
+    "TBPTTEngine": "engine",
+    "TBPTTEvents": "engine",
+    "TBPTTStep": "engine",
+    "create_tbptt_evaluator": "engine",
+    "create_tbptt_trainer": "engine",
+    "load_checkpoint": "engine",
+    "tbptt_training_step": "engine",
+    "AdaptiveTruncation": "handlers",
+    "GradientClipping": "handlers",
+    "GradientReach": "handlers",
+    "attach_tensorboard": "handlers",
+    "gradient_norm": "handlers",
+    "BitsPerTarget": "metrics",
+    "LossPerTarget": "metrics",
+    "Perplexity": "metrics",
+    "ARTBP": "planning",
+    "RandomWindows": "planning",
+    "Schedule": "planning",
+    "Window": "planning",
+    "WindowSource": "planning",
+    "walk": "planning",
+    "plot_columns": "plot",
+    "plot_reach": "plot",
+    "plot_schedule": "plot",
+    "default_model_fn": "runtime",
+    "default_reset_hidden": "runtime",
+}
+
+if TYPE_CHECKING:
+    from .data import count_targets, masked_loss
+    from .engine import (
+        DeterministicTBPTTEngine,
+        FullStateDict,
+        TBPTTEngine,
+        TBPTTEvents,
+        TBPTTStep,
+        create_tbptt_evaluator,
+        create_tbptt_trainer,
+        load_checkpoint,
+        tbptt_training_step,
+    )
+    from .handlers import AdaptiveTruncation, GradientClipping, GradientReach, attach_tensorboard, gradient_norm
+    from .metrics import BitsPerTarget, LossPerTarget, Perplexity
+    from .planning import ARTBP, RandomWindows, Schedule, Window, WindowSource, walk
+    from .plot import plot_columns, plot_reach, plot_schedule
+    from .runtime import default_model_fn, default_reset_hidden
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCES:
+        raise AttributeError(f"module 'ignite_tbptt' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_SOURCES[name]}", __name__), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SOURCES))
+
 
 __all__ = [
     "create_tbptt_trainer",

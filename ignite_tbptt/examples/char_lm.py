@@ -28,47 +28,50 @@ to TensorBoard, and prints the validation bits per character after each epoch, n
 mid-epoch included, with the result of an uninterrupted run. ``--reach N`` records the gradient reach of
 every N-th window (TensorBoard: ``train/reach_at_cut`` and a picture); ``--adaptive DELTA`` lets k2 follow
 the measured decay of the hidden-state gradient (TensorBoard: ``train/k2``); ``--artbp L`` truncates without
-bias (:class:`~ignite_tbptt.ARTBP`, windows of ``L`` steps on average).
+bias (:class:`~ignite_tbptt.ARTBP`, windows of ``L`` steps on average). The job prints where its logs and
+checkpoints go before it trains; in a terminal it shows ignite's progress bar (batches per second, the last batch's
+bits per character), and where standard error is not one (a log file) a line of progress every 30 seconds instead.
+
+This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
+the training are in ``_char_lm``, whose names it forwards (``char_lm.CharLSTM``, ``char_lm.load_data``...).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
-import json
-import math
-import signal
+import os
 import sys
-import sysconfig
-import tempfile
-import threading
-import time
-from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ignite.distributed as idist
-import torch
-from ignite.engine import Events
-from ignite.handlers import Checkpoint, DiskSaver, ProgressBar
-from torch import nn
-
-from ignite_tbptt import (
-    ARTBP,
-    AdaptiveTruncation,
-    BitsPerTarget,
-    FullStateDict,
-    GradientClipping,
-    GradientReach,
-    attach_tensorboard,
-    count_targets,
-    create_tbptt_evaluator,
-    create_tbptt_trainer,
-    load_checkpoint,
+from .options import (
+    add_cuda_graphs_option,
+    add_device_option,
+    add_threads_option,
+    example_parser,
+    existing_file,
+    fraction,
+    job_attribute,
+    non_negative_float,
+    non_negative_int,
+    parse,
+    positive_float,
+    positive_int,
+    tell_if_cores_are_busy,
 )
-from ignite_tbptt.data import pack_sequences, stream_batches
 
-from .options import add_cuda_graphs_option, add_device_option
+if TYPE_CHECKING:  # forwarded by __getattr__, imported with torch when first asked for
+    from ._char_lm import (
+        STDLIB_MODULES,
+        CharLSTM,
+        StopOnInterrupt,
+        Vocabulary,
+        batch_major,
+        held_out_corpus,
+        held_out_text,
+        stdlib_corpus,
+        stdlib_documents,
+    )
 
 __all__ = [
     "STDLIB_MODULES",
@@ -80,250 +83,184 @@ __all__ = [
     "Vocabulary",
     "CharLSTM",
     "StopOnInterrupt",
+    "parser",
+    "parse_args",
     "main",
 ]
 
-# Paths relative to the standard library's directory, sorted: the default corpus.
-STDLIB_MODULES = (
-    "abc.py",
-    "argparse.py",
-    "ast.py",
-    "bisect.py",
-    "calendar.py",
-    "collections/__init__.py",
-    "configparser.py",
-    "contextlib.py",
-    "copy.py",
-    "csv.py",
-    "dataclasses.py",
-    "difflib.py",
-    "enum.py",
-    "fnmatch.py",
-    "fractions.py",
-    "functools.py",
-    "glob.py",
-    "heapq.py",
-    "json/decoder.py",
-    "json/encoder.py",
-    "logging/__init__.py",
-    "numbers.py",
-    "operator.py",
-    "pathlib.py",
-    "pprint.py",
-    "queue.py",
-    "random.py",
-    "sched.py",
-    "shlex.py",
-    "shutil.py",
-    "statistics.py",
-    "string.py",
-    "tempfile.py",
-    "textwrap.py",
-    "threading.py",
-)
-LN2 = math.log(2)
-IGNORE = -100  # target of padding steps: nn.functional.cross_entropy's default ignore_index
+JOB = "ignite_tbptt.examples._char_lm"
 
 
-def stdlib_documents() -> list[str]:
-    """The default corpus: the sources of :data:`STDLIB_MODULES` in the running Python (missing ones skipped).
-
-    Raises:
-        FileNotFoundError: if none of the modules is found (a Python installed without its sources).
-    """
-    root = Path(sysconfig.get_paths()["stdlib"])
-    parts = [(root / name).read_text(encoding="utf-8") for name in STDLIB_MODULES if (root / name).is_file()]
-    if not parts:
-        raise FileNotFoundError(f"no standard-library sources under {root}; pass --text FILE instead.")
-    return parts
+def __getattr__(name: str) -> Any:
+    """The job's names (model, data, training), imported with torch when first asked for."""
+    return job_attribute(JOB, name)
 
 
-def stdlib_corpus() -> str:
-    """:func:`stdlib_documents` joined into one text, a line break between modules."""
-    return "\n".join(stdlib_documents())
-
-
-WHOLE = {"rank": 0, "world_size": 1}  # all the columns, on every process
-AUTO_KEPT = 0.9  # the least share of the training characters the documents layout must keep to be chosen
-
-
-def split_documents(documents: list[str], fraction: float) -> tuple[list[str], list[str]]:
-    """Hold out the last ``fraction`` of the characters: the document it falls in is split in two there."""
-    split = int(sum(len(d) for d in documents) * (1 - fraction))
-    train: list[str] = []
-    for i, document in enumerate(documents):
-        if len(document) >= split:
-            head, tail = document[:split], document[split:]
-            return [*train, *([head] if head else [])], [*([tail] if tail else []), *documents[i + 1 :]]
-        train.append(document)
-        split -= len(document)
-    return train, []
-
-
-class Vocabulary:
-    """Characters of a training text, most frequent first; index 0 stands for any unseen character.
-
-    Args:
-        text: the training text.
-    """
-
-    def __init__(self, text: str) -> None:
-        self.counts = Counter(text)
-        self.chars = ["\0", *(c for c, _ in self.counts.most_common())]
-        self.index = {c: i for i, c in enumerate(self.chars)}
-
-    def __len__(self) -> int:
-        return len(self.chars)
-
-    def encode(self, text: str) -> torch.Tensor:
-        """Token ids of ``text``, shape ``(N,)``."""
-        return torch.tensor([self.index.get(c, 0) for c in text], dtype=torch.long)
-
-    def unigram_bpc(self, text: str) -> float:
-        """Bits per character of ``text`` under the training text's character frequencies (add-one smoothed)."""
-        total = sum(self.counts.values()) + len(self.chars)
-        return -sum(math.log2((self.counts.get(c, 0) + 1) / total) for c in text) / len(text)
-
-
-class CharLSTM(nn.Module):
-    """Embedding, LSTM and a linear read-out over characters.
-
-    Args:
-        vocab_size: number of characters ``V``.
-        embedding: embedding size.
-        hidden: LSTM hidden size ``H``.
-        layers: LSTM layers.
-
-    Shapes:
-        ``forward(x, hidden)``: ``x`` of shape ``(T, B)`` (token ids), ``hidden`` an ``(h, c)`` pair of
-        ``(layers, B, H)`` tensors or None; returns logits ``(T, B, V)`` and the new ``(h, c)``.
-    """
-
-    def __init__(self, vocab_size: int, embedding: int = 64, hidden: int = 256, layers: int = 1) -> None:
-        super().__init__()
-        self.embedding = nn.Embedding(vocab_size, embedding)
-        self.lstm = nn.LSTM(embedding, hidden, num_layers=layers)
-        self.readout = nn.Linear(hidden, vocab_size)
-
-    def forward(self, x: torch.Tensor, hidden: tuple[torch.Tensor, torch.Tensor] | None = None):
-        """Logits ``(T, B, V)`` for the next character at each step, and the new hidden state."""
-        out, hidden = self.lstm(self.embedding(x), hidden)
-        return self.readout(out), hidden
-
-
-def cross_entropy(y_pred: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy (nats per character) of logits ``(T, B, V)`` against targets ``(T, B)``, padding ignored."""
-    return nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten(), ignore_index=IGNORE)
-
-
-def batch_major(tokens: torch.Tensor, batch_size: int, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """:func:`~ignite_tbptt.data.stream_batches` as ``(B, T)`` pairs (``time_dim=1``), whole batches only."""
-    pairs = stream_batches(tokens, batch_size, length)
-    return [(x.t().contiguous(), y.t().contiguous()) for x, y in pairs if x.shape[0] == length]
-
-
-def held_out_corpus(max_chars: int, fraction: float = 0.1) -> tuple[Vocabulary, torch.Tensor, torch.Tensor, float]:
-    """The first ``max_chars`` of the default corpus, its last ``fraction`` held out, for the other examples.
-
-    Returns:
-        As :func:`held_out_text`.
-    """
-    return held_out_text(stdlib_corpus()[:max_chars], fraction)
-
-
-def held_out_text(text: str, fraction: float) -> tuple[Vocabulary, torch.Tensor, torch.Tensor, float]:
-    """``text`` with its last ``fraction`` held out.
-
-    Returns:
-        The training text's vocabulary, the training and the held-out tokens, and the held-out text's unigram bits
-        per character.
-    """
-    split = int(len(text) * (1 - fraction))
-    vocab = Vocabulary(text[:split])
-    return vocab, vocab.encode(text[:split]), vocab.encode(text[split:]), vocab.unigram_bpc(text[split:])
-
-
-def truncation_options(p: argparse.ArgumentParser) -> None:
-    """The options that record the gradient reach and choose the windows otherwise than --k1/--k2."""
+def data_options(p: argparse.ArgumentParser) -> None:
+    """The text, its layout and the held-out share."""
     p.add_argument(
-        "--reach",
-        type=int,
-        default=0,
-        help="record the gradient reach of every N-th window (TensorBoard: train/reach_at_cut and the\n"
-        "gradient_reach picture), 0 for none",
+        "--text",
+        type=existing_file,
+        nargs="+",
+        help="UTF-8 text files, each a document (default: the sources of 35 standard-library modules)",
     )
     p.add_argument(
-        "--reach-stride", type=int, help="with --reach: also a point of the profile every S steps of a recorded window"
+        "--max-chars", type=positive_int, help="use only the first N characters of the documents (default: all)"
     )
-    p.add_argument(
-        "--adaptive",
-        type=float,
-        metavar="DELTA",
-        help="let k2 follow the measured gradient decay (AdaptiveTruncation), keeping the estimated truncation\n"
-        "bias under DELTA; k2 starts at --k2 (at least k1 + 1) and stays in (k1, --k2-max] (TensorBoard: train/k2)",
-    )
-    p.add_argument("--k2-max", type=int, default=200, help="with --adaptive: the longest k2 (default 200)")
-    p.add_argument(
-        "--artbp",
-        type=int,
-        metavar="L",
-        help="unbiased truncation (ARTBP) instead of --k1/--k2: windows of L steps on average, ending at random\n"
-        "candidate points every --artbp-grid steps",
-    )
-    p.add_argument("--artbp-grid", type=int, default=5, help="with --artbp: steps between candidate points (5)")
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options of the example."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument(
-        "--text", type=Path, nargs="+", help="UTF-8 text files, each a document (default: standard-library sources)"
-    )
-    p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters of the documents")
     p.add_argument(
         "--layout",
         choices=("auto", "documents", "stream"),
         default="auto",
         help="documents: packed into columns, hidden state reset at each document's start;\n"
         "stream: the documents joined into one text cut into --batch-size columns;\n"
-        f"auto (default): documents, unless they fill fewer than --batch-size columns or keep less than "
-        f"{AUTO_KEPT * 100:.0f}%% of the characters (one large file, say), then stream",
+        "auto (default): documents, unless they fill fewer than --batch-size columns or keep less than 90%% of "
+        "the characters (one large file, say), then stream",
     )
-    p.add_argument("--valid-fraction", type=float, default=0.05, help="tail of the text held out for validation")
-    p.add_argument("--k1", type=int, default=50, help="steps between backward passes (default 50)")
-    p.add_argument("--k2", type=int, default=50, help="steps each backward pass reaches back (default 50)")
-    p.add_argument("--batch-size", type=int, default=12, help="parallel columns (default 12)")
-    p.add_argument("--seq-len", type=int, default=100, help="steps per batch (default 100)")
-    p.add_argument("--embedding", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--layers", type=int, default=1)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
-    p.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping, 0 to disable")
-    p.add_argument("--accumulation", type=int, default=1, help="windows per optimizer step")
+    p.add_argument("--valid-fraction", type=fraction, default=0.05, help="tail of the text held out for validation")
+
+
+def model_options(p: argparse.ArgumentParser) -> None:
+    """The windows, sizes and optimisation."""
+    p.add_argument("--k1", type=positive_int, default=50, help="steps between backward passes")
+    p.add_argument("--k2", type=positive_int, default=50, help="steps each backward pass reaches back")
+    p.add_argument("--batch-size", type=positive_int, default=12, help="parallel columns")
+    p.add_argument("--seq-len", type=positive_int, default=100, help="steps per batch")
+    p.add_argument("--embedding", type=positive_int, default=64, help="character embedding size")
+    p.add_argument("--hidden", type=positive_int, default=256, help="LSTM hidden size")
+    p.add_argument("--layers", type=positive_int, default=1, help="LSTM layers")
+    p.add_argument("--epochs", type=positive_int, default=2, help="passes over the training text")
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="Adam learning rate")
+    p.add_argument("--clip", type=non_negative_float, default=1.0, help="gradient norm clipping, 0 to disable")
+    p.add_argument("--accumulation", type=positive_int, default=1, help="windows per optimizer step")
     p.add_argument(
         "--amp", choices=("none", "bf16", "fp16"), default="none", help="autocast dtype (fp16 adds a GradScaler)"
     )
-    add_device_option(p)
-    add_cuda_graphs_option(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of torch's random numbers (initial weights, ARTBP)")
+
+
+def run_options(p: argparse.ArgumentParser) -> None:
+    """Where the run logs, checkpoints and resumes, and whether it shows progress."""
     p.add_argument(
         "--logdir",
         type=Path,
         default=None,
         help="TensorBoard and checkpoint directory (default: a new runs/char_lm-DATE-TIME/ for every run)",
     )
-    p.add_argument("--checkpoint-every", type=int, default=100, help="iterations between checkpoints, 0 for none")
-    p.add_argument("--resume", type=Path, help="checkpoint file to continue from")
-    p.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    p.add_argument(
+        "--checkpoint-every", type=non_negative_int, default=100, help="iterations between checkpoints, 0 for none"
+    )
+    p.add_argument("--resume", type=existing_file, help="checkpoint file to continue from (default: none)")
+    p.add_argument(
+        "--no-progress", action="store_true", help="do not show the progress bar (or, in a file, the progress lines)"
+    )
+
+
+def process_options(p: argparse.ArgumentParser) -> None:
+    """``--nproc``, ``--fsdp`` and ``--threads``: the processes that train, whether they shard the model, threads."""
+    p.add_argument(
+        "--nproc",
+        type=positive_int,
+        default=1,
+        help="processes to train on (gloo on CPU, nccl on CUDA); each takes its share of the columns",
+    )
+    p.add_argument(
+        "--fsdp",
+        action="store_true",
+        help="shard the model over the --nproc processes with FSDP2 (fully_shard per layer and at the root)",
+    )
+    add_threads_option(p)
+
+
+def truncation_options(p: argparse.ArgumentParser) -> None:
+    """The options that record the gradient reach and choose the windows otherwise than --k1/--k2."""
+    p.add_argument(
+        "--reach",
+        type=non_negative_int,
+        default=0,
+        help="record the gradient reach of every N-th window (TensorBoard: train/reach_at_cut and the\n"
+        "gradient_reach picture), 0 for none",
+    )
+    p.add_argument(
+        "--reach-stride",
+        type=positive_int,
+        help="with --reach: also a point of the profile every S steps of a recorded window (default: none)",
+    )
+    p.add_argument(
+        "--adaptive",
+        type=fraction,
+        metavar="DELTA",
+        help="let k2 follow the measured gradient decay (AdaptiveTruncation), keeping the estimated truncation\n"
+        "bias under DELTA, in (0, 1); k2 starts at --k2 (at least k1 + 1) and stays in (k1, --k2-max]\n"
+        "(TensorBoard: train/k2; default: fixed k2)",
+    )
+    p.add_argument("--k2-max", type=positive_int, default=200, help="with --adaptive: the longest k2")
+    p.add_argument(
+        "--artbp",
+        type=positive_int,
+        metavar="L",
+        help="unbiased truncation (ARTBP) instead of --k1/--k2: windows of L steps on average, ending at random\n"
+        "candidate points every --artbp-grid steps (default: fixed windows)",
+    )
+    p.add_argument("--artbp-grid", type=positive_int, default=5, help="with --artbp: steps between candidate points")
+
+
+def parser() -> argparse.ArgumentParser:
+    """The options of ``python -m ignite_tbptt.examples.char_lm``, each with its check, help and default."""
+    p = example_parser("char_lm", __doc__)
+    data_options(p)
+    model_options(p)
+    add_device_option(p)
+    add_cuda_graphs_option(p)
+    run_options(p)
     process_options(p)
     truncation_options(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the example, each checked as it is read, then together (:func:`check`)."""
+    p = parser()
+    args = parse(p, argv)
+    check(p, args)
+    return args
+
+
+def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse options that cannot go together, with the fix, before anything loads."""
     if args.artbp and args.adaptive:
         p.error("--artbp and --adaptive choose the windows in two ways: pass one of them.")
+    if args.artbp and args.artbp < args.artbp_grid:
+        p.error(
+            f"--artbp {args.artbp} is shorter than --artbp-grid {args.artbp_grid}: pass --artbp {args.artbp_grid} "
+            "or more, or a smaller --artbp-grid."
+        )
+    if args.adaptive and args.k2_max <= args.k1:
+        p.error(
+            f"--adaptive keeps k2 in (k1, --k2-max], empty with --k2-max {args.k2_max} and --k1 {args.k1}: pass "
+            f"--k2-max {args.k1 + 1} or more."
+        )
+    if args.cuda_graphs and (args.k2 != args.k1 or args.artbp or args.adaptive):
+        p.error(
+            f"--cuda-graphs captures fixed windows of k1 = k2 steps: pass --k2 {args.k1}, without --artbp and "
+            "--adaptive."
+        )
     if args.fsdp and args.nproc < 2:
         p.error("--fsdp shards the model over processes: pass --nproc 2 or more.")
+    if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
+        p.error(f"--logdir {args.logdir} is a file: pass a directory, or leave --logdir out for a new runs/char_lm-*.")
+    check_device(p, args)
+
+
+def check_device(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse processes the GPUs torch sees cannot hold, and CUDA graphs off a CUDA device."""
+    import torch  # the options are read: --device has imported it already, or its default has
+
     gpus, device = torch.cuda.device_count(), torch.device(args.device)
+    if args.cuda_graphs and device.type != "cuda":
+        p.error(
+            f"--cuda-graphs captures windows on a CUDA device, and the run is on {device.type}: pass "
+            f"--device cuda{'' if gpus else ' on a machine with a GPU'}, or leave --cuda-graphs out."
+        )
     if args.nproc > max(gpus, 1) and device.type == "cuda":
         fix = f"pass --nproc {gpus} or fewer, or --device cpu" if gpus else "pass --device cpu"
         p.error(f"--nproc {args.nproc} on CUDA puts each process on a GPU of its own, and torch sees {gpus}: {fix}.")
@@ -332,318 +269,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--device {args.device} with --nproc {args.nproc} would put every process on one device; each process "
             "takes the GPU of its local rank: pass --device cuda."
         )
-    return args
-
-
-def process_options(p: argparse.ArgumentParser) -> None:
-    """``--nproc``, ``--fsdp`` and ``--threads``: the processes that train, whether they shard the model, threads."""
-    p.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="processes to train on (gloo on CPU, nccl on CUDA); each takes its share of the columns (default 1)",
-    )
-    p.add_argument(
-        "--fsdp",
-        action="store_true",
-        help="shard the model over the --nproc processes with FSDP2 (fully_shard per layer and at the root)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch's CPU threads (default: torch's, one per core); 1 where another job shares the cores",
-    )
-
-
-def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
-    """The vocabulary, training and validation batches, and the validation text's unigram bits per character."""
-    documents = [path.read_text(encoding="utf-8") for path in args.text] if args.text else stdlib_documents()
-    if args.max_chars:
-        documents = split_documents(documents, 1 - args.max_chars / sum(len(d) for d in documents))[0]
-    if args.layout == "stream":
-        documents = ["\n".join(documents)]
-    train_docs, valid_docs = split_documents(documents, args.valid_fraction)
-    vocab = Vocabulary("".join(train_docs))
-    layout, why = args.layout, ""
-    if layout != "stream":
-        # Longest first: each next document goes to the column that frees first, so the columns end close
-        # together; the epoch ends where the first runs out, rather than training on the last few alone.
-        train_docs = sorted(train_docs, key=len, reverse=True)
-        columns = min(args.batch_size, len(train_docs))  # no column without a document
-        train = pack_sequences([vocab.encode(d) for d in train_docs], columns, args.seq_len, drop_last=True)
-        kept = train.steps * columns / max(1, sum(len(d) - 1 for d in train_docs))
-        if layout == "auto" and (columns < args.batch_size or kept < AUTO_KEPT):
-            # One large file, or a few of very different lengths, would train in few columns or drop most of
-            # the longest documents: one stream cut into --batch-size columns uses every character.
-            why = (
-                f" (auto: {len(train_docs)} training documents for {args.batch_size} columns)"
-                if columns < args.batch_size
-                else f" (auto: packed, the documents would keep only {kept:.0%} of the characters)"
-            )
-            layout, train_docs, valid_docs = "stream", ["\n".join(train_docs)], ["\n".join(valid_docs)]
-        layout = "stream" if layout == "stream" else "documents"
-    if layout == "stream":
-        train = stream_batches(vocab.encode(train_docs[0]), args.batch_size, args.seq_len)
-        # Every process evaluates all the validation columns: the metric's sums over processes keep the same mean.
-        valid = stream_batches(vocab.encode(valid_docs[0]), min(args.batch_size, 8), args.seq_len, **WHOLE)
-    else:
-        valid_columns = min(args.batch_size, len(valid_docs))
-        valid = pack_sequences([vocab.encode(d) for d in valid_docs], valid_columns, args.seq_len, **WHOLE)
-    valid_text = "".join(d[1:] for d in valid_docs)  # the characters predicted: all but each document's first
-    unigram = vocab.unigram_bpc(valid_text)
-    # Every column is full in every step of a drop_last epoch: no need to build the batches to count.
-    used = train.steps * train.batch_size if layout != "stream" else sum(y.shape[0] for _, y in train) * args.batch_size
-    (print if idist.get_rank() == 0 else lambda *_, **__: None)(
-        f"{sum(map(len, train_docs)):,} training characters in {len(train_docs)} documents ({used:,} predicted per "
-        f"epoch), {len(valid_text):,} validation characters, {len(vocab)} symbols; unigram model: {unigram:.2f} "
-        f"bits/char; {truncation(args)}, {layout} layout{why}",
-        flush=True,
-    )
-    return vocab, train, valid, unigram
-
-
-def truncation(args: argparse.Namespace) -> str:
-    """The truncation the run trains with, for the start-up line."""
-    if args.artbp:
-        return f"ARTBP(grid={args.artbp_grid}, mean length {args.artbp})"
-    return f"TBPTT(k1={args.k1}, k2={args.k2})"
-
-
-def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tuple:
-    """The model, its optimizer, the TBPTT trainer (with clipping) and the evaluator."""
-    model = CharLSTM(vocab_size, args.embedding, args.hidden, args.layers).to(device)
-    if args.fsdp:  # each layer, then the root, as FSDP2's documentation shards a transformer
-        from torch.distributed.fsdp import fully_shard
-
-        for layer in (model.embedding, model.lstm, model.readout):
-            fully_shard(layer)
-        fully_shard(model)
-    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
-    amp_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[args.amp]
-    trainer = create_tbptt_trainer(
-        model,
-        optimizer,
-        cross_entropy,
-        ARTBP(grid=args.artbp_grid, mean_length=args.artbp, seed=args.seed) if args.artbp else args.k1,
-        None if args.artbp else args.k2,
-        carry_hidden=True,
-        gradient_accumulation_steps=args.accumulation,
-        autocast_dtype=amp_dtype,
-        scaler=args.amp == "fp16",
-        device=device,
-        # Padding does not count in the mean. Training batches hold none (packed with drop_last, or a stream), so
-        # captured windows, which cannot read a count on the host, count every target.
-        target_count_fn=None if args.cuda_graphs else lambda y_pred, y: count_targets(y),
-        cuda_graphs=args.cuda_graphs,
-        deterministic=True,  # resumable mid-epoch: ignite's DeterministicEngine skips the batches already seen
-    )
-    if args.clip > 0:
-        GradientClipping(model, max_norm=args.clip).attach(trainer)
-    bpc = BitsPerTarget(cross_entropy)  # counts the real targets: padding (-100) is left out
-    evaluator = create_tbptt_evaluator(model, {"bpc": bpc}, carry_hidden=True, device=device, autocast_dtype=amp_dtype)
-    return model, optimizer, trainer, evaluator
-
-
-def new_run_dir(root: Path) -> Path:
-    """A directory under ``root`` that no run has used: ``char_lm-DATE-TIME``, with ``-2``, ``-3``... if taken.
-
-    Only named here: the run creates it once it has started (a refused ``--resume`` leaves nothing behind).
-    """
-    base = root / time.strftime("char_lm-%Y%m%d-%H%M%S")
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = base.with_name(f"{base.name}-{n}")
-    return path
-
-
-def read_resumed(path: Path, device: Any) -> dict:
-    """Read the checkpoint ``--resume`` names with ``weights_only=True`` (:func:`ignite_tbptt.load_checkpoint`).
-
-    Raises:
-        SystemExit: if the file cannot be read, or holds other objects (loading those could run code).
-    """
-    try:
-        return load_checkpoint(path, map_location=device)
-    except (OSError, ValueError) as error:
-        raise SystemExit(str(error)) from None
 
 
 def main(argv: list[str] | None = None) -> dict:
     """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
     args = parse_args(argv)
-    if args.logdir is None:  # one directory per run, so that reruns do not mix their curves and checkpoints
-        args.logdir = new_run_dir(Path("runs"))
-    if args.nproc == 1:
-        return train_process(args)
-    backend = "nccl" if torch.device(args.device).type == "cuda" else "gloo"
-    with tempfile.TemporaryDirectory() as folder:
-        result = Path(folder) / "history.json"
-        with idist.Parallel(backend=backend, nproc_per_node=args.nproc) as parallel:
-            parallel.run(_process, args, result)
-        return json.loads(result.read_text())
+    from ._char_lm import run  # torch and the package: once the options are read
 
-
-def _process(local_rank: int, args: argparse.Namespace, result: Path) -> None:
-    history = train_process(args)
-    if idist.get_rank() == 0:
-        result.write_text(json.dumps(history))
-    # Free the model while the process group is alive: a sharded one keeps FSDP2's last asynchronous collectives,
-    # which gloo's threads may abort on if they are freed at the interpreter's exit.
-    gc.collect()
-
-
-def attach_handlers(args: argparse.Namespace, trainer: Any, evaluator: Any, to_save: dict, logs: bool) -> Any:
-    """Checkpoints, the truncation handlers asked for and, where ``logs``, TensorBoard; returns its logger or None."""
-    if args.checkpoint_every > 0:
-        saver = DiskSaver(args.logdir / "checkpoints", require_empty=False)
-        checkpoint = Checkpoint(to_save, saver, n_saved=2, global_step_transform=lambda e, _: e.state.iteration)
-        trainer.add_event_handler(Events.ITERATION_COMPLETED(every=args.checkpoint_every), checkpoint)
-    if args.adaptive:
-        k2_min = args.k1 + 1  # the decay is measured between a window's start and its cut
-        first = min(max(args.k2, k2_min), args.k2_max)
-        every = args.reach or 10
-        AdaptiveTruncation(args.adaptive, k2_min, args.k2_max, every=every, k2=first).attach(trainer)
-    if args.reach:
-        GradientReach(every=args.reach, stride=args.reach_stride).attach(trainer)
-    if not logs:
-        return None
-    hparams = {name: getattr(args, name) for name in ("lr", "batch_size", "seq_len", "hidden", "embedding", "clip")}
-    return attach_tensorboard(
-        trainer, args.logdir, evaluators={"validation": evaluator}, hparams=hparams, reach_picture_every=50
-    )
-
-
-def train_process(args: argparse.Namespace) -> dict:
-    """Train as one process of ``args.nproc`` (all of them when 1): its share of the columns, rank 0 logging."""
-    # One process: Ctrl-C ends the run at an iteration's end. Several: each would stop at its own iteration, so
-    # Ctrl-C stops them all at once. Caught from here on, a Ctrl-C during the set-up is recorded rather than raised
-    # inside a library, which could swallow the KeyboardInterrupt.
-    interrupted = StopOnInterrupt(enabled=args.nproc == 1)
-    try:
-        return train(args, interrupted)
-    finally:
-        interrupted.restore()
-
-
-def train(args: argparse.Namespace, interrupted: StopOnInterrupt) -> dict:
-    """Load the data, build the model and trainer, and train; ``interrupted`` is attached before training starts."""
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    elif args.nproc > 1:  # the processes share the cores
-        torch.set_num_threads(max(1, torch.get_num_threads() // args.nproc))
-    torch.manual_seed(args.seed)
-    device = torch.device(args.device)
-    vocab, train_batches, valid, unigram = load_data(args)
-    model, optimizer, trainer, evaluator = build(args, len(vocab), device)
-
-    history: dict = {"unigram_bpc": unigram, "valid_bpc": [], "train_bpc": []}
-    rank0 = idist.get_rank() == 0  # in a multi-process run, only rank 0 reports
-    progress = ProgressBar(persist=True) if rank0 and not args.no_progress else None
-    say = progress.log_message if progress is not None else print if rank0 else lambda _: None
-
-    @trainer.on(Events.EPOCH_COMPLETED)
-    def validate(engine):
-        bpc = evaluator.run(valid).metrics["bpc"]
-        history["valid_bpc"].append(bpc)
-        history["train_bpc"].append(engine.state.output / LN2)
-        say(
-            f"epoch {engine.state.epoch}: validation {bpc:.3f} bits/char (unigram {unigram:.2f}), "
-            f"last training batch {engine.state.output / LN2:.3f} bits/char"
-        )
-
-    to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
-    if args.fsdp:  # the full state dicts: rank 0 writes the file, and every process loads its shards from it
-        to_save.update(model=FullStateDict(model), optimizer=FullStateDict(model, optimizer))
-    if args.resume:
-        resume(args, to_save, device, say)
-    args.logdir.mkdir(parents=True, exist_ok=True)
-    tb_logger = attach_handlers(args, trainer, evaluator, to_save, logs=rank0)
-    if progress is not None:
-        progress.attach(trainer, output_transform=lambda loss: {"bits/char": loss / LN2})
-    interrupted.attach(trainer, to_save, args.logdir / "checkpoints", say)
-    try:
-        trainer.run(train_batches, max_epochs=args.epochs)
-    finally:
-        if tb_logger is not None:
-            tb_logger.close()
-    history["logdir"] = str(args.logdir)
-    history["interrupted"] = interrupted.checkpoint
-    return history
-
-
-def resume(args: argparse.Namespace, to_save: dict, device: Any, say: Any) -> None:
-    """Load ``args.resume`` into ``to_save``.
-
-    Raises:
-        SystemExit: if the checkpoint holds another configuration (refused before anything loads, by
-            :func:`ignite_tbptt.load_checkpoint`), or more epochs done than ``--epochs``.
-    """
-    try:
-        Checkpoint.load_objects(to_save, read_resumed(args.resume, device))
-    except ValueError as error:
-        raise SystemExit(f"--resume {args.resume}: {error}") from None
-    state = to_save["trainer"].state
-    if state.epoch > args.epochs:
-        raise SystemExit(
-            f"--resume {args.resume}: the checkpoint has {state.epoch} epochs done, more than --epochs {args.epochs}; "
-            f"pass --epochs {state.epoch} or more."
-        )
-    say(f"resuming from {args.resume} at iteration {state.iteration}")
-
-
-class StopOnInterrupt:
-    """On Ctrl-C, end the run after the current iteration and write a checkpoint there; a second Ctrl-C stops at once.
-
-    Created before the set-up, it records a Ctrl-C from then on; :meth:`attach` it to the trainer before
-    ``run()``. A Ctrl-C during the set-up then ends the run as it starts, with a checkpoint of iteration 0. A
-    checkpoint between two iterations is one ``--resume`` continues exactly from (the interrupted iteration is
-    finished first: at the default sizes well under a second).
-
-    Args:
-        enabled: whether to take Ctrl-C at all (only the main thread can).
-    """
-
-    def __init__(self, enabled: bool = True) -> None:
-        self.trainer: Any = None
-        self.checkpoint: str | None = None
-        self.requested = False
-        self.previous = signal.getsignal(signal.SIGINT)
-        self.installed = enabled and threading.current_thread() is threading.main_thread()  # signals: main thread
-        if self.installed:
-            signal.signal(signal.SIGINT, self._interrupt)
-
-    def attach(self, trainer: Any, to_save: dict, folder: Path, say: Any) -> None:
-        """Stop ``trainer`` on Ctrl-C, saving ``to_save`` into ``folder`` and telling ``say`` how to resume."""
-        self.trainer, self.say = trainer, say
-        self.saver = Checkpoint(to_save, DiskSaver(folder, require_empty=False), filename_prefix="interrupted")
-        trainer.add_event_handler(Events.TERMINATE, self._save)
-        # ignite clears a terminate request when run() starts: one made before then is made again at STARTED.
-        trainer.add_event_handler(Events.STARTED, self._terminate_if_requested)
-
-    def _interrupt(self, signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGINT, self.previous)  # the next Ctrl-C is an immediate KeyboardInterrupt
-        self.requested = True
-        if self.trainer is not None:
-            self.trainer.terminate()
-
-    def _terminate_if_requested(self, engine: Any) -> None:
-        if self.requested:
-            engine.terminate()
-
-    def _save(self, engine: Any) -> None:
-        self.saver(engine)
-        self.checkpoint = str(self.saver.last_checkpoint)
-        self.say(f"interrupted at iteration {engine.state.iteration}: --resume {self.checkpoint} continues from there")
-
-    def restore(self) -> None:
-        """Give Ctrl-C back to whoever had it."""
-        if self.installed:
-            signal.signal(signal.SIGINT, self.previous)
+    return run(args)
 
 
 if __name__ == "__main__":
+    options = parse_args()  # --help, or a refused option, answers before anything more is done
+    per_process = None if options.nproc == 1 else max(1, (os.cpu_count() or 1) // options.nproc)
+    tell_if_cores_are_busy("pass --threads 1", options.threads or per_process)
     try:
         history = main()
     except KeyboardInterrupt:  # before training started, or a second Ctrl-C

@@ -17,222 +17,106 @@ Run::
     python -m ignite_tbptt.examples.mamba_lm                        # about a minute on 2 CPU cores
     python -m ignite_tbptt.examples.mamba_lm --reset-every-window   # the same model on independent chunks
     python -m ignite_tbptt.examples.mamba_lm --quick                # a few seconds: the CI test's size
+
+This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
+the training are in ``_mamba_lm``, whose names it forwards (``mamba_lm.build_model``, ``mamba_lm.load_data``...).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from ignite.engine import Events
-
-from ignite_tbptt import (
-    BitsPerTarget,
-    GradientClipping,
-    count_targets,
-    create_tbptt_evaluator,
-    create_tbptt_trainer,
+from .options import (
+    add_device_option,
+    add_threads_option,
+    example_parser,
+    fraction,
+    job_attribute,
+    non_negative_float,
+    parse,
+    positive_float,
+    positive_int,
+    tell_if_cores_are_busy,
 )
-from ignite_tbptt.data import pack_sequences, prepare_batch
-from ignite_tbptt.models import check_mamba2_schedule, mamba2_model_fn, mamba2_reset_hidden
 
-from .char_lm import LN2, Vocabulary, cross_entropy, split_documents, stdlib_documents
-from .options import add_device_option
+if TYPE_CHECKING:  # forwarded by __getattr__, imported with torch when first asked for
+    from ._mamba_lm import batch_major, build_model, evaluate, load_data, train
 
-__all__ = ["build_model", "batch_major", "load_data", "train", "evaluate", "main"]
+__all__ = ["build_model", "batch_major", "load_data", "train", "evaluate", "parser", "parse_args", "main"]
 
-
-def build_model(vocab_size: int, args: argparse.Namespace) -> torch.nn.Module:
-    """A small ``Mamba2ForCausalLM`` with the scan's blocks ``--k1`` long (one block per model call)."""
-    from transformers import Mamba2Config, Mamba2ForCausalLM
-
-    config = Mamba2Config(
-        vocab_size=vocab_size,
-        hidden_size=args.hidden,
-        num_heads=args.heads,
-        head_dim=2 * args.hidden // args.heads,  # expand 2: the heads span the inner width
-        expand=2,
-        state_size=args.state,
-        n_groups=1,
-        num_hidden_layers=args.layers,
-        chunk_size=args.k1,
-        conv_kernel=4,
-        tie_word_embeddings=True,
-    )
-    return Mamba2ForCausalLM(config)
+JOB = "ignite_tbptt.examples._mamba_lm"
 
 
-def batch_major(k1: int | None = None) -> Any:
-    """A ``prepare_batch`` turning ``(T, B)`` packed batches into Mamba2's ``(B, T)`` (``time_dim=1``).
-
-    With ``k1``, a sequence also starts at every ``k1``-th step of every column: the state is reset at every window's
-    start, so that each window is an independent chunk (batches a multiple of ``k1`` steps long).
-    """
-
-    def prepare(batch: Any, device: Any = None, non_blocking: bool = False) -> tuple[torch.Tensor, ...]:
-        x, y, starts = prepare_batch(batch, device, non_blocking)
-        x, y, starts = x.t().contiguous(), y.t().contiguous(), starts.t().clone()  # a copy: the batch stays as it is
-        if k1 is not None:
-            starts[:, ::k1] = True
-        return x, y, starts
-
-    return prepare
+def __getattr__(name: str) -> Any:
+    """The job's names (model, data, training), imported with torch when first asked for."""
+    return job_attribute(JOB, name)
 
 
-def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float, int]:
-    """The vocabulary, training and validation batches, the unigram bits per character and the characters predicted.
-
-    The held-out tail (``--valid-fraction``) is cut into ``--valid-columns`` pieces, each read from a zero state.
-    """
-    documents = stdlib_documents()
-    if args.max_chars:
-        documents = split_documents(documents, 1 - args.max_chars / sum(len(d) for d in documents))[0]
-    train_docs, valid_docs = split_documents(documents, args.valid_fraction)
-    vocab = Vocabulary("".join(train_docs))
-    train_docs = sorted(train_docs, key=len, reverse=True)  # longest first: the columns end close together
-    columns = min(args.batch_size, len(train_docs))
-    train = pack_sequences([vocab.encode(d) for d in train_docs], columns, args.seq_len, drop_last=True, align=args.k1)
-    valid_text = "\n".join(valid_docs)
-    size = math.ceil(len(valid_text) / args.valid_columns)
-    pieces = [valid_text[i : i + size] for i in range(0, len(valid_text), size)]
-    valid = pack_sequences([vocab.encode(p) for p in pieces], len(pieces), args.seq_len, align=args.k1)
-    predicted = "".join(p[1:] for p in pieces)  # every character but each piece's first
-    return vocab, train, valid, vocab.unigram_bpc(predicted), len(predicted)
-
-
-def train(args: argparse.Namespace, vocab_size: int, batches: Any) -> tuple[torch.nn.Module, float, float]:
-    """The model trained for ``--steps`` optimizer steps; returns it, the seconds it took and the last training bpc."""
-    torch.manual_seed(args.seed)
-    model = build_model(vocab_size, args).to(args.device)
-    check_mamba2_schedule(args.k1, args.k2, batch_length=args.seq_len)  # every model call two steps or more
-    trainer = create_tbptt_trainer(
-        model,
-        torch.optim.Adam(model.parameters(), lr=args.lr),
-        cross_entropy,
-        args.k1,
-        args.k2,
-        time_dim=1,
-        carry_hidden=True,
-        device=args.device,
-        prepare_batch=batch_major(args.k1 if args.reset_every_window else None),
-        model_fn=mamba2_model_fn,
-        reset_hidden=mamba2_reset_hidden,
-        target_count_fn=lambda y_pred, y: count_targets(y),  # the alignment's padding does not count
-    )
-    if args.clip > 0:
-        GradientClipping(model, max_norm=args.clip).attach(trainer)
-    iterations = math.ceil(args.steps * args.k1 / args.seq_len)  # every batch holds seq_len / k1 windows
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
-
-    @trainer.on(Events.ITERATION_COMPLETED(every=max(1, iterations // 5)))
-    def report(engine: Any) -> None:
-        print(
-            f"  iteration {engine.state.iteration}/{iterations}: {engine.state.output / LN2:.3f} bits/char", flush=True
-        )
-
-    start = time.perf_counter()
-    state = trainer.run(batches, max_epochs=math.ceil(iterations / len(batches)))
-    return model, time.perf_counter() - start, state.output / LN2
-
-
-def evaluate(model: torch.nn.Module, batches: Any, args: argparse.Namespace, reset_every: int | None = None) -> float:
-    """Validation bits per character: the state carried through each piece, or reset every ``reset_every`` steps."""
-    evaluator = create_tbptt_evaluator(
-        model,
-        {"bpc": BitsPerTarget(cross_entropy)},
-        time_dim=1,
-        carry_hidden=True,
-        device=args.device,
-        prepare_batch=batch_major(reset_every),
-        model_fn=mamba2_model_fn,
-        reset_hidden=mamba2_reset_hidden,
-    )
-    return evaluator.run(batches).metrics["bpc"]
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options of the example."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser() -> argparse.ArgumentParser:
+    """The options of ``python -m ignite_tbptt.examples.mamba_lm``, each with its check, help and default."""
+    p = example_parser("mamba_lm", __doc__)
     p.add_argument(
         "--reset-every-window",
         action="store_true",
         help="train on independent chunks: the state reset at every window's start instead of carried",
     )
-    p.add_argument("--k1", type=int, default=32, help="steps between backward passes, the scan's block (default 32)")
-    p.add_argument("--k2", type=int, default=None, help="steps each backward pass reaches back (default k1)")
-    p.add_argument("--steps", type=int, default=3000, help="optimizer steps (windows) of training (default 3,000)")
-    p.add_argument("--batch-size", type=int, default=12, help="parallel columns (default 12)")
-    p.add_argument("--seq-len", type=int, default=128, help="steps per batch, a multiple of k1 (default 128)")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--state", type=int, default=16, help="SSM state size per head channel (default 16)")
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate")
-    p.add_argument("--clip", type=float, default=1.0, help="gradient norm clipping, 0 to disable")
-    p.add_argument("--max-chars", type=int, default=None, help="use only the first N characters of the corpus")
-    p.add_argument("--valid-fraction", type=float, default=0.05, help="tail of the corpus held out (default 0.05)")
-    p.add_argument("--valid-columns", type=int, default=8, help="pieces the held-out text is read in (default 8)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--k1", type=positive_int, default=32, help="steps between backward passes, the scan's block")
+    p.add_argument("--k2", type=positive_int, help="steps each backward pass reaches back (default: k1)")
+    p.add_argument("--steps", type=positive_int, default=3000, help="optimizer steps (windows) of training")
+    p.add_argument("--batch-size", type=positive_int, default=12, help="parallel columns")
+    p.add_argument("--seq-len", type=positive_int, default=128, help="steps per batch, a multiple of k1")
+    p.add_argument("--hidden", type=positive_int, default=64, help="hidden size")
+    p.add_argument("--heads", type=positive_int, default=4, help="SSM heads, dividing 2 x --hidden")
+    p.add_argument("--state", type=positive_int, default=16, help="SSM state size per head channel")
+    p.add_argument("--layers", type=positive_int, default=2, help="Mamba2 layers")
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="Adam learning rate")
+    p.add_argument("--clip", type=non_negative_float, default=1.0, help="gradient norm clipping, 0 to disable")
     p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch's CPU threads (default: one per core); 1 where others share them",
+        "--max-chars", type=positive_int, help="use only the first N characters of the corpus (default: all)"
     )
+    p.add_argument("--valid-fraction", type=fraction, default=0.05, help="tail of the corpus held out")
+    p.add_argument("--valid-columns", type=positive_int, default=8, help="pieces the held-out text is read in")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights")
+    add_threads_option(p)
     p.add_argument("--quick", action="store_true", help="a few seconds' run: 60 steps, 250,000 characters")
     add_device_option(p)
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the example, each checked as it is read, then together (:func:`check`)."""
+    p = parser()
+    args = parse(p, argv)
     if args.quick:
         args.steps, args.max_chars, args.batch_size, args.seq_len, args.valid_fraction = 60, 250_000, 4, 64, 0.02
     args.k2 = args.k1 if args.k2 is None else args.k2
-    if args.seq_len % args.k1:
-        p.error(f"--seq-len {args.seq_len} must be a multiple of --k1 {args.k1}: windows then never span two calls.")
+    check(p, args)
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
-    """Train and evaluate; returns the validation bits per character (carried and chunked), seconds and settings."""
-    args = parse_args(argv)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads or threads)
+def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse options that cannot go together, with the fix, before anything loads."""
+    if args.seq_len % args.k1:
+        p.error(f"--seq-len {args.seq_len} must be a multiple of --k1 {args.k1}: windows then never span two calls.")
+    if 2 * args.hidden % args.heads:
+        p.error(f"--heads {args.heads} must divide 2 x --hidden ({2 * args.hidden}), the inner width the heads span.")
+    from ignite_tbptt.models import check_mamba2_schedule  # imports torch: once the options are read
+
     try:
-        return run(args)
-    finally:
-        torch.set_num_threads(threads)
+        check_mamba2_schedule(args.k1, args.k2, batch_length=args.seq_len)  # every model call two steps or more
+    except ValueError as error:
+        p.error(f"--k1 {args.k1} --k2 {args.k2}: {error}")
 
 
-def run(args: argparse.Namespace) -> dict:
-    """:func:`main` once the options are read."""
-    vocab, train_batches, valid, unigram, predicted = load_data(args)
-    mode = "independent chunks (state reset every window)" if args.reset_every_window else "state carried"
-    print(
-        f"Mamba2, {args.layers} layers, hidden {args.hidden}, {args.heads} heads, SSM state {args.state}; "
-        f"TBPTT({args.k1}, {args.k2}), {mode}; {train_batches.steps * train_batches.batch_size:,} training characters "
-        f"per epoch, {predicted:,} validation characters, unigram {unigram:.2f} bits/char",
-        flush=True,
-    )
-    model, seconds, train_bpc = train(args, len(vocab), train_batches)
-    carried = evaluate(model, valid, args)
-    chunked = evaluate(model, valid, args, reset_every=args.k1)
-    print(
-        f"after {args.steps} optimizer steps ({seconds:.0f} s): validation {carried:.3f} bits/char with the state "
-        f"carried, {chunked:.3f} with it reset every {args.k1} characters",
-        flush=True,
-    )
-    return {
-        "mode": "reset" if args.reset_every_window else "carried",
-        "valid_bpc": carried,
-        "valid_bpc_chunks": chunked,
-        "train_bpc": train_bpc,
-        "unigram_bpc": unigram,
-        "seconds": seconds,
-        "k1": args.k1,
-        "k2": args.k2,
-    }
+def main(argv: list[str] | None = None) -> dict:
+    """Read the options, then run the example (:func:`_mamba_lm.run`); returns its figures."""
+    args = parse_args(argv)
+    from ._mamba_lm import run  # torch and the package: once the options are read
+
+    return run(args)
 
 
 if __name__ == "__main__":
+    tell_if_cores_are_busy("pass --threads 1", parse_args().threads)  # --help, or a refused option, answers first
     main()

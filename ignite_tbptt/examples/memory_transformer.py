@@ -20,165 +20,73 @@ the validation bits per character of each:
 Run::
 
     python -m ignite_tbptt.examples.memory_transformer      # about 3 minutes on 2 CPU cores
+
+This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
+the training are in ``_memory_transformer``, whose names it forwards (``memory_transformer.MemoryTransformer``...).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from ignite.engine import Events
-from torch import nn
+from .options import (
+    add_device_option,
+    example_parser,
+    job_attribute,
+    parse,
+    positive_float,
+    positive_int,
+    tell_if_cores_are_busy,
+)
 
-from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
+if TYPE_CHECKING:  # forwarded by __getattr__, imported with torch when first asked for
+    from ._memory_transformer import LearnedMemory, MemoryTransformer
 
-from .char_lm import batch_major, cross_entropy, held_out_corpus
-from .options import add_device_option
+__all__ = ["LearnedMemory", "MemoryTransformer", "parser", "parse_args", "main"]
 
-__all__ = ["LearnedMemory", "MemoryTransformer", "main"]
-
-
-class LearnedMemory(nn.Module):
-    """The memory a stream starts from: ``M`` learned tokens of width ``d``, the same for every column."""
-
-    def __init__(self, tokens: int, width: int) -> None:
-        super().__init__()
-        self.tokens = nn.Parameter(torch.randn(1, tokens, width) * 0.02)
-
-    def forward(self, batch: int) -> torch.Tensor:
-        """The initial memory of ``batch`` columns, ``(B, M, d)``."""
-        return self.tokens.expand(batch, -1, -1)
+JOB = "ignite_tbptt.examples._memory_transformer"
 
 
-class MemoryTransformer(nn.Module):
-    """A segment of characters between read and write memory tokens: ``(B, T)``, ``(B, M, d)`` -> logits, memory.
-
-    Args:
-        vocab: characters.
-        width: model width ``d``.
-        heads: attention heads.
-        layers: encoder layers.
-        memory: memory tokens ``M``.
-        segment: the longest segment ``T`` (the positions learnt).
-    """
-
-    def __init__(
-        self, vocab: int, width: int = 64, heads: int = 4, layers: int = 2, memory: int = 8, segment: int = 32
-    ):
-        super().__init__()
-        self.memory = memory
-        self.embed = nn.Embedding(vocab, width)
-        self.position = nn.Parameter(torch.randn(1, 2 * memory + segment, width) * 0.02)
-        layer = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, batch_first=True, norm_first=True)
-        self.encoder = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
-        self.head = nn.Linear(width, vocab)
-        self.start = LearnedMemory(memory, width)
-
-    def forward(self, x: torch.Tensor, memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits ``(B, T, vocab)`` of the segment ``x`` and the memory written at its end, ``(B, M, d)``."""
-        m, length = self.memory, x.shape[1]
-        tokens = torch.cat([memory, self.embed(x), memory], dim=1) + self.position[:, : 2 * m + length]
-        out = self.encoder(tokens, mask=self._mask(m, length, x.device))
-        return self.head(out[:, m : m + length]), out[:, m + length :]
-
-    @staticmethod
-    def _mask(m: int, length: int, device: torch.device) -> torch.Tensor:
-        # True = may not attend. Read memory sees itself; a character sees the read memory and the characters up to
-        # it; the write memory sees everything.
-        n = 2 * m + length
-        blocked = torch.ones(n, n, dtype=torch.bool, device=device).triu(1)
-        blocked[:m, :m] = False
-        blocked[m + length :, :] = False
-        return blocked
+def __getattr__(name: str) -> Any:
+    """The job's names (model, data, training), imported with torch when first asked for."""
+    return job_attribute(JOB, name)
 
 
-def without_memory(model: MemoryTransformer, x: torch.Tensor, memory: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """The memoryless baseline's ``model_fn``: every segment reads the learned initial memory."""
-    return model(x, model.start(x.shape[0]))
-
-
-VARIANTS = {
-    "memory, gradient through it (k2 > k1)": (3, True),
-    "memory, no gradient through it (k2 = k1)": (1, True),
-    "no memory": (1, False),
-}
-
-
-def train(args: argparse.Namespace, vocab: int, tokens: torch.Tensor, segments: int, memory: bool) -> tuple:
-    """A model trained for ``args.steps`` optimizer steps with k2 = ``segments`` segments; model and seconds."""
-    torch.manual_seed(args.seed)
-    model = MemoryTransformer(vocab, args.width, memory=args.memory, segment=args.segment).to(args.device)
-    trainer = create_tbptt_trainer(
-        model,
-        torch.optim.Adam(model.parameters(), lr=args.lr),
-        cross_entropy,
-        args.segment,
-        segments * args.segment,
-        time_dim=1,
-        carry_hidden=True,
-        initial_state=model.start,
-        device=args.device,
-        **({} if memory else {"model_fn": without_memory}),
-    )
-    batches = batch_major(tokens, args.batch_size, args.seq_len)
-    iterations = math.ceil(args.steps * args.segment / args.seq_len)
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
-    start = time.perf_counter()
-    trainer.run(batches, max_epochs=math.ceil(iterations / len(batches)))
-    return model, time.perf_counter() - start
-
-
-def validation_bpc(model: MemoryTransformer, tokens: torch.Tensor, args: argparse.Namespace, memory: bool) -> float:
-    """Bits per character of ``tokens`` read as one carried stream, one segment per model call."""
-    evaluator = create_tbptt_evaluator(
-        model,
-        {"bpc": BitsPerTarget(cross_entropy)},
-        time_dim=1,
-        carry_hidden=True,
-        segment_length=args.segment,
-        initial_state=model.start,
-        device=args.device,
-        **({} if memory else {"model_fn": without_memory}),
-    )
-    return evaluator.run(batch_major(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
+def parser() -> argparse.ArgumentParser:
+    """The options of ``python -m ignite_tbptt.examples.memory_transformer``, each with its check, help and default."""
+    p = example_parser("memory_transformer", __doc__)
+    p.add_argument("--segment", type=positive_int, default=32, help="characters per segment, k1")
+    p.add_argument("--memory", type=positive_int, default=8, help="memory tokens")
+    p.add_argument("--width", type=positive_int, default=64, help="model width, a multiple of the 4 heads")
+    p.add_argument("--steps", type=positive_int, default=5000, help="optimizer steps of each variant")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="parallel columns")
+    p.add_argument("--seq-len", type=positive_int, default=128, help="characters per batch")
+    p.add_argument("--lr", type=positive_float, default=2e-3, help="Adam learning rate")
+    p.add_argument("--max-chars", type=positive_int, default=400_000, help="characters of the corpus used")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights")
+    add_device_option(p)
+    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options of the example."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--segment", type=int, default=32, help="characters per segment, k1 (default 32)")
-    p.add_argument("--memory", type=int, default=8, help="memory tokens (default 8)")
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--steps", type=int, default=5000, help="optimizer steps of each variant (default 5,000)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=128, help="characters per batch (default 128)")
-    p.add_argument("--lr", type=float, default=2e-3, help="Adam learning rate (default 2e-3)")
-    p.add_argument("--max-chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
-    p.add_argument("--seed", type=int, default=0)
-    add_device_option(p)
-    return p.parse_args(argv)
+    """Command-line options of the example, each checked as it is read, then together."""
+    p = parser()
+    args = parse(p, argv)
+    if args.width % 4:
+        p.error(f"--width {args.width} must be a multiple of the 4 attention heads: pass {args.width // 4 * 4 or 4}.")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Train the three variants; returns the validation bits per character and seconds of each."""
+    """Read the options, then run the example (:func:`_memory_transformer.run`); returns its figures."""
     args = parse_args(argv)
-    vocab, train_tokens, valid_tokens, unigram = held_out_corpus(args.max_chars)
-    print(
-        f"memory transformer: {args.memory} memory tokens, segments of {args.segment} characters; "
-        f"{len(train_tokens):,} training characters",
-        flush=True,
-    )
-    result: dict[str, Any] = {"unigram_bpc": unigram}
-    for name, (segments, memory) in VARIANTS.items():
-        model, seconds = train(args, len(vocab), train_tokens, segments, memory)
-        bpc = validation_bpc(model, valid_tokens, args, memory)
-        result[name] = {"k1": args.segment, "k2": segments * args.segment, "valid_bpc": bpc, "seconds": seconds}
-        print(f"{name}: validation {bpc:.3f} bits/char after {args.steps} optimizer steps, {seconds:.0f} s", flush=True)
-    return result
+    from ._memory_transformer import run  # torch and the package: once the options are read
+
+    return run(args)
 
 
 if __name__ == "__main__":
+    parse_args()  # --help, or a refused option, answers before anything more is done
+    tell_if_cores_are_busy()
     main()

@@ -16,101 +16,70 @@ frame) and chance; the README compares them with the GRU of ``examples.vowels``.
 Run::
 
     python -m ignite_tbptt.examples.spiking_vowels          # about 30 s on 2 CPU cores
+
+This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
+the training are in ``_spiking_vowels``, whose names it forwards
+(``spiking_vowels.SpikingSpeakerNet``, ``spiking_vowels.STATE``...).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
-import snntorch as snn
-import torch
-from torch import nn
+from .options import (
+    add_device_option,
+    example_parser,
+    job_attribute,
+    parse,
+    positive_float,
+    positive_int,
+    tell_if_cores_are_busy,
+)
 
-from .options import add_device_option
-from .vowels import SPEAKERS, compare, load_vowels, train_on
+if TYPE_CHECKING:  # forwarded by __getattr__, imported with torch when first asked for
+    from ._spiking_vowels import STATE, SpikingSpeakerNet
 
-__all__ = ["SpikingSpeakerNet", "STATE", "main"]
+__all__ = ["SpikingSpeakerNet", "STATE", "parser", "parse_args", "main"]
 
-#: Where the network keeps its state: the membranes of its two layers of neurons.
-STATE = ["lif1.mem", "lif2.mem"]
-
-
-class SpikingSpeakerNet(nn.Module):
-    """Leaky integrate-and-fire neurons, then leaky read-out neurons: ``(T, B, 12) -> (T, B, 9)`` membranes.
-
-    Args:
-        features: coefficients per frame.
-        hidden: spiking neurons.
-        beta: the membranes' initial decay per frame (learnt).
-    """
-
-    def __init__(self, features: int = 12, hidden: int = 64, beta: float = 0.9) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(features, hidden)
-        self.lif1 = snn.Leaky(beta=beta, learn_beta=True, init_hidden=True)
-        self.fc2 = nn.Linear(hidden, SPEAKERS)
-        # The read-out integrates and never spikes: its membrane is the speaker's logit.
-        self.lif2 = snn.Leaky(beta=beta, learn_beta=True, init_hidden=True, output=True, reset_mechanism="none")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The read-out membranes at every frame; the neurons' membranes stay in ``lif1.mem`` and ``lif2.mem``."""
-        logits = []
-        for x_t in x:
-            _, membrane = self.lif2(self.fc2(self.lif1(self.fc1(x_t))))
-            logits.append(membrane)
-        return torch.stack(logits)
-
-    def reset(self) -> None:
-        """Forget the membranes: the next frame starts a recording."""
-        # snnTorch fills an empty membrane on the device of the one it replaces: keep it on the network's.
-        device = self.fc1.weight.device
-        for neuron in (self.lif1, self.lif2):
-            neuron.mem = torch.zeros(0, device=device)
+JOB = "ignite_tbptt.examples._spiking_vowels"
 
 
-def fit(args: argparse.Namespace, utterances: list, memory: bool) -> SpikingSpeakerNet:
-    """A network trained on ``utterances``, its membranes carried along each one, or reset at every frame."""
-    torch.manual_seed(args.seed)
-    return train_on(SpikingSpeakerNet(hidden=args.hidden), args, utterances, memory, module_state=STATE)
+def __getattr__(name: str) -> Any:
+    """The job's names (model, data, training), imported with torch when first asked for."""
+    return job_attribute(JOB, name)
 
 
-def last_frame_accuracy(model: SpikingSpeakerNet, utterances: list, memory: bool) -> float:
-    """The share of utterances whose speaker the network names right at their last frame, each run alone."""
-    right, device = 0, next(model.parameters()).device
-    with torch.no_grad():
-        for x, y in utterances:
-            model.reset()
-            frames = x if memory else x[-1:]
-            right += int(model(frames.unsqueeze(1).to(device))[-1, 0].argmax().item() == y[-1].item())
-    return right / len(utterances)
+def parser() -> argparse.ArgumentParser:
+    """The options of ``python -m ignite_tbptt.examples.spiking_vowels``, each with its check, help and default."""
+    p = example_parser("spiking_vowels", __doc__)
+    p.add_argument("--k1", type=positive_int, default=4, help="frames between backward passes")
+    p.add_argument("--k2", type=positive_int, default=8, help="frames each backward pass reaches back")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="parallel columns")
+    p.add_argument("--seq-len", type=positive_int, default=40, help="frames per batch")
+    p.add_argument("--hidden", type=positive_int, default=64, help="spiking neurons")
+    p.add_argument("--epochs", type=positive_int, default=30, help="passes over the training utterances")
+    p.add_argument("--lr", type=positive_float, default=5e-3, help="Adam learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the shuffling")
+    add_device_option(p)
+    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options of the example."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--k1", type=int, default=4, help="frames between backward passes (default 4)")
-    p.add_argument("--k2", type=int, default=8, help="frames each backward pass reaches back (default 8)")
-    p.add_argument("--batch-size", type=int, default=16, help="parallel columns (default 16)")
-    p.add_argument("--seq-len", type=int, default=40, help="frames per batch (default 40)")
-    p.add_argument("--hidden", type=int, default=64, help="spiking neurons (default 64)")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--lr", type=float, default=5e-3, help="Adam learning rate")
-    p.add_argument("--seed", type=int, default=0)
-    add_device_option(p)
-    return p.parse_args(argv)
+    """Command-line options of the example, each checked as it is read."""
+    p = parser()
+    return parse(p, argv)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Train with and without memory; returns the test bits per frame and accuracies, and chance's."""
+    """Read the options, then run the example (:func:`_spiking_vowels.run`); returns its figures."""
     args = parse_args(argv)
-    train_set, test_set = load_vowels()
-    print(
-        f"{len(train_set)} training and {len(test_set)} test utterances; {args.hidden} leaky integrate-and-fire "
-        f"neurons, membranes in {', '.join(STATE)}; TBPTT(k1={args.k1}, k2={args.k2})",
-        flush=True,
-    )
-    return compare(args, train_set, test_set, fit, last_frame_accuracy, module_state=STATE)
+    from ._spiking_vowels import run  # torch and the package: once the options are read
+
+    return run(args)
 
 
 if __name__ == "__main__":
+    parse_args()  # --help, or a refused option, answers before anything more is done
+    tell_if_cores_are_busy()
     main()

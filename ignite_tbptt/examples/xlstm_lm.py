@@ -13,160 +13,81 @@ Run::
 
     python -m ignite_tbptt.examples.xlstm_lm                 # about 1.5 minutes on 2 CPU cores
     python -m ignite_tbptt.examples.xlstm_lm --show-error    # what xLSTMLarge's own forward meets
+
+This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
+the training are in ``_xlstm_lm``, whose names it forwards (``xlstm_lm.build_model``, ``xlstm_lm.xlstm_model_fn``).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-from ignite.engine import Events
-from xlstm.xlstm_large.model import soft_cap, xLSTMLarge, xLSTMLargeConfig
+from .options import (
+    add_device_option,
+    example_parser,
+    job_attribute,
+    parse,
+    positive_float,
+    positive_int,
+    tell_if_cores_are_busy,
+)
 
-from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
+if TYPE_CHECKING:  # forwarded by __getattr__, imported with torch when first asked for
+    from ._xlstm_lm import build_model, xlstm_model_fn
 
-from .char_lm import batch_major, cross_entropy, held_out_corpus
-from .options import add_device_option
+__all__ = ["build_model", "xlstm_model_fn", "parser", "parse_args", "main"]
 
-__all__ = ["build_model", "xlstm_model_fn", "main"]
-
-
-def build_model(vocab: int, embedding: int = 64, blocks: int = 2, heads: int = 2, chunk: int = 16) -> xLSTMLarge:
-    """A small xLSTMLarge on the native CPU kernels in float32, returning its last states."""
-    config = xLSTMLargeConfig(
-        embedding_dim=embedding,
-        num_heads=heads,
-        num_blocks=blocks,
-        vocab_size=vocab,
-        return_last_states=True,
-        mode="train",
-        chunkwise_kernel="chunkwise--native_autograd",
-        sequence_kernel="native_sequence__native",
-        step_kernel="native",
-        chunk_size=chunk,
-        autocast_kernel_dtype="float32",
-    )
-    return xLSTMLarge(config)
+JOB = "ignite_tbptt.examples._xlstm_lm"
 
 
-def xlstm_model_fn(model: xLSTMLarge, x: torch.Tensor, state: Any) -> tuple[torch.Tensor, dict]:
-    """The forward of xLSTMLarge with a new state: ``x`` ``(B, T)`` token ids -> logits ``(B, T, V)`` and the state.
-
-    The state is ``{block: (c, n, m)}``. The model's own forward writes each block's new state into the old one, in
-    place; each block returns it new, and so does this.
-    """
-    h, new_state = model.embedding(x), {}
-    for i, block in enumerate(model.backbone.blocks):
-        h, new_state[i] = block(h, None if state is None else state[i])
-    logits = model.lm_head(model.backbone.out_norm(h))
-    return soft_cap(logits, model.config.output_logit_soft_cap), new_state
+def __getattr__(name: str) -> Any:
+    """The job's names (model, data, training), imported with torch when first asked for."""
+    return job_attribute(JOB, name)
 
 
-def train(args: argparse.Namespace, vocab: int, train_tokens: torch.Tensor, k2: int) -> tuple[xLSTMLarge, float]:
-    """A model trained with TBPTT(k1, k2) for ``args.steps`` optimizer steps; returns it and the seconds it took."""
-    torch.manual_seed(args.seed)
-    model = build_model(vocab, args.embedding, args.blocks, args.heads, args.k1).to(args.device)
-    trainer = create_tbptt_trainer(
-        model,
-        torch.optim.Adam(model.parameters(), lr=args.lr),
-        cross_entropy,
-        args.k1,
-        k2,
-        time_dim=1,
-        carry_hidden=True,
-        model_fn=xlstm_model_fn,
-        device=args.device,
-    )
-    batches = batch_major(train_tokens, args.batch_size, args.seq_len)
-    iterations = math.ceil(args.steps * args.k1 / args.seq_len)  # every batch holds seq_len / k1 windows
-    trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
-    start = time.perf_counter()
-    trainer.run(batches, max_epochs=math.ceil(iterations / len(batches)))
-    return model, time.perf_counter() - start
-
-
-def validation_bpc(model: xLSTMLarge, tokens: torch.Tensor, args: argparse.Namespace) -> float:
-    """Bits per character of ``tokens`` read as one carried stream in ``--batch-size`` columns."""
-    evaluator = create_tbptt_evaluator(
-        model,
-        {"bpc": BitsPerTarget(cross_entropy)},
-        time_dim=1,
-        carry_hidden=True,
-        model_fn=xlstm_model_fn,
-        device=args.device,
-    )
-    return evaluator.run(batch_major(tokens, args.batch_size, args.seq_len)).metrics["bpc"]
-
-
-def show_error(vocab: int, device: str | torch.device = "cpu") -> str:
-    """What the trainer says when xLSTMLarge's own forward runs under it (its state written in place)."""
-    model = build_model(vocab).to(device)
-    trainer = create_tbptt_trainer(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.1),
-        cross_entropy,
-        16,
-        32,
-        time_dim=1,
-        carry_hidden=True,
-        model_fn=lambda m, x, state: m(x) if state is None else m(x, state),
-        device=device,
-    )
-    tokens = torch.randint(0, vocab, (2, 65))  # on the CPU: the same tokens on every device; the trainer moves them
-    try:
-        trainer.run([(tokens[:, :-1], tokens[:, 1:])])
-    except RuntimeError as error:
-        return str(error)
-    return "no error"
+def parser() -> argparse.ArgumentParser:
+    """The options of ``python -m ignite_tbptt.examples.xlstm_lm``, each with its check, help and default."""
+    p = example_parser("xlstm_lm", __doc__)
+    p.add_argument("--k1", type=positive_int, default=16, help="steps between backward passes, the chunk size")
+    p.add_argument("--k2", type=positive_int, default=64, help="steps the k2 > k1 run reaches back")
+    p.add_argument("--steps", type=positive_int, default=3000, help="optimizer steps of each run")
+    p.add_argument("--batch-size", type=positive_int, default=16, help="parallel columns")
+    p.add_argument("--seq-len", type=positive_int, default=64, help="steps per batch, a multiple of --k1")
+    p.add_argument("--embedding", type=positive_int, default=64, help="embedding size, a multiple of 2 x --heads")
+    p.add_argument("--blocks", type=positive_int, default=2, help="mLSTM blocks")
+    p.add_argument("--heads", type=positive_int, default=2, help="heads per block")
+    p.add_argument("--lr", type=positive_float, default=3e-3, help="Adam learning rate")
+    p.add_argument("--max-chars", type=positive_int, default=400_000, help="characters of the corpus used")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights")
+    p.add_argument("--show-error", action="store_true", help="print what xLSTMLarge's own forward meets, and stop")
+    add_device_option(p)
+    return p
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options of the example."""
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--k1", type=int, default=16, help="steps between backward passes (default 16, the chunk size)")
-    p.add_argument("--k2", type=int, default=64, help="steps the k2 > k1 run reaches back (default 64)")
-    p.add_argument("--steps", type=int, default=3000, help="optimizer steps of each run (default 3,000)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--seq-len", type=int, default=64, help="steps per batch (default 64)")
-    p.add_argument("--embedding", type=int, default=64)
-    p.add_argument("--blocks", type=int, default=2)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--max-chars", type=int, default=400_000, help="characters of the corpus used (default 400,000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--show-error", action="store_true", help="print what xLSTMLarge's own forward meets, and stop")
-    add_device_option(p)
-    return p.parse_args(argv)
+    """Command-line options of the example, each checked as it is read, then together."""
+    p = parser()
+    args = parse(p, argv)
+    if args.seq_len % args.k1:
+        p.error(f"--seq-len {args.seq_len} must be a multiple of --k1 {args.k1}, the chunk size of every model call.")
+    if args.embedding % (2 * args.heads):
+        p.error(
+            f"--embedding {args.embedding} must be a multiple of 2 x --heads {args.heads}: each head's queries "
+            "and keys take half its share."
+        )
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """Train with k2 > k1 and with k2 = k1; returns the validation bits per character and seconds of each."""
+    """Read the options, then run the example (:func:`_xlstm_lm.run`); returns its figures."""
     args = parse_args(argv)
-    vocab, train_tokens, valid_tokens, unigram = held_out_corpus(args.max_chars)
-    if args.show_error:
-        message = show_error(len(vocab), args.device)
-        print(message)
-        return {"error": message}
-    print(
-        f"xLSTMLarge, {args.blocks} mLSTM blocks of {args.heads} heads, embedding {args.embedding}; "
-        f"{len(train_tokens):,} training characters",
-        flush=True,
-    )
-    result: dict[str, Any] = {"unigram_bpc": unigram}
-    for name, k2 in (("k2>k1", args.k2), ("k2=k1", args.k1)):
-        model, seconds = train(args, len(vocab), train_tokens, k2)
-        bpc = validation_bpc(model, valid_tokens, args)
-        result[name] = {"k1": args.k1, "k2": k2, "valid_bpc": bpc, "seconds": seconds}
-        print(
-            f"TBPTT({args.k1}, {k2}): validation {bpc:.3f} bits/char after {args.steps} optimizer steps, "
-            f"{seconds:.0f} s (unigram {result['unigram_bpc']:.2f})",
-            flush=True,
-        )
-    return result
+    from ._xlstm_lm import run  # torch and the package: once the options are read
+
+    return run(args)
 
 
 if __name__ == "__main__":
+    parse_args()  # --help, or a refused option, answers before anything more is done
+    tell_if_cores_are_busy()
     main()

@@ -9,6 +9,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ignite_tbptt.examples import char_lm
 
+from .readme import BITS, figures, full_run
+
 pytestmark = pytest.mark.slow  # trains the main job's model in subprocesses
 
 
@@ -48,18 +50,42 @@ def test_stdlib_corpus_is_real_python_source():
 def test_module_runs_from_the_command_line_on_a_text_file(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the quick brown fox jumps over the lazy dog. " * 400, encoding="utf-8")
+    logdir = tmp_path / "runs"
     result = subprocess.run(
         [sys.executable, "-m", "ignite_tbptt.examples.char_lm", *STREAM, "--text", str(corpus), "--k1", "8"]
-        + ["--k2", "12", "--epochs", "1", "--no-progress", "--logdir", str(tmp_path / "runs")],
+        + ["--k2", "12", "--epochs", "2", "--logdir", str(logdir)],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
-    assert "epoch 1: validation" in result.stdout
-    bpc = float(result.stdout.split("epoch 1: validation ")[1].split()[0])
+    out = result.stdout
+    assert "epoch 1: validation" in out
+    bpc = float(out.split("epoch 1: validation ")[1].split()[0])
     assert bpc < 3.0  # a 28-symbol repeated sentence is learnt well below its unigram entropy
-    assert list((tmp_path / "runs").glob("events.out.tfevents.*"))
+    assert list(logdir.glob("events.out.tfevents.*"))
+    # Where the logs go, before training; then, written to a file (no terminal), each epoch's progress as lines, the
+    # finished one once, and nothing redrawn with carriage returns.
+    assert f"TensorBoard logs: {logdir}/ (to view them: tensorboard --logdir {logdir})" in out
+    assert f"checkpoints: {logdir / 'checkpoints'}/, every 100 iterations and on Ctrl-C" in out
+    assert "\r" not in out + result.stderr
+    for epoch in (1, 2):
+        done = [line for line in out.splitlines() if line.startswith(f"epoch {epoch}/2: ") and "(100%)" in line]
+        assert len(done) == 1, out
+        assert " batches/s; last batch bits/char " in done[0]
+    assert out.index("epoch 1/2: ") < out.index("epoch 1: validation") < out.index("epoch 2/2: ")
+
+
+def test_the_progress_bar_in_a_terminal_shows_the_rate_and_bits_per_character_after_it():
+    from tqdm import tqdm
+
+    from ignite_tbptt.examples._char_lm import BAR
+
+    line = tqdm.format_meter(
+        431, 958, 10.5, ncols=100, prefix="Epoch [1/2]: ", bar_format=BAR, postfix="bits/char=2.11", unit=" batches"
+    )
+    assert line.startswith("Epoch [1/2]: [431/958]  45%|") and len(line) == 100
+    assert line.endswith("| [00:10<00:12, 41.05 batches/s, bits/char=2.11]")
 
 
 def test_resume_from_a_mid_epoch_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
@@ -281,3 +307,10 @@ def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path
     assert resumed["valid_bpc"] == [sharded["valid_bpc"][-1]]  # exactly: the full state dicts restore the shards
     with pytest.raises(SystemExit):
         char_lm.main([*STREAM, "--fsdp"])  # one process has nothing to shard over
+
+
+@full_run
+@pytest.mark.cpu_only("the README's figures are CPU runs")
+def test_the_readme_gives_the_figures_the_main_job_prints(tmp_path):
+    history = char_lm.main(["--no-progress", "--checkpoint-every", "0", "--logdir", str(tmp_path)])  # about a minute
+    assert history["valid_bpc"] == pytest.approx(figures("char_lm"), abs=BITS)

@@ -6,6 +6,8 @@ import pytest
 
 from ignite_tbptt.examples import decoder
 
+from .readme import POINTS, figures
+
 pytestmark = pytest.mark.slow  # measures peak memory in subprocesses
 
 
@@ -32,3 +34,11 @@ def test_memory_stays_flat_as_the_generated_sequence_grows():
     # decoder's own loop): some 260 MiB more for the longer run. Per-token backward with k2 = 4 keeps 4 steps.
     short, long = peak_memory_mib(200), peak_memory_mib(2000)
     assert long - short < 30, (short, long)
+
+
+@pytest.mark.cpu_only("the README's figures are CPU runs")
+def test_the_readme_gives_the_figures_the_example_prints():
+    within, short = figures("decoder")  # TBPTT(1, 8), then --k2 3
+    assert 100 * decoder.main([])["accuracy"] == pytest.approx(100 * within, abs=POINTS)
+    # At chance (1/6) the last batch's share moves with any rounding: 15.4% with two threads, 17.7% with one.
+    assert 100 * decoder.main(["--k2", "3"])["accuracy"] == pytest.approx(100 * short, abs=3 * POINTS)

@@ -6,6 +6,8 @@ pytest.importorskip("transformers")
 
 from ignite_tbptt.examples import mamba_lm  # noqa: E402  (after the skip: the example needs transformers)
 
+from .readme import BITS, figures, full_run  # noqa: E402
+
 pytestmark = pytest.mark.slow
 
 
@@ -16,3 +18,11 @@ def test_both_ways_of_training_learn_the_main_corpus_in_quick_mode(mode):
     assert result["mode"] == mode
     assert result["valid_bpc"] < result["unigram_bpc"] - 0.3
     assert result["valid_bpc_chunks"] < result["unigram_bpc"] - 0.3
+
+
+@full_run
+@pytest.mark.cpu_only("the README's figures are CPU runs")
+def test_the_readme_gives_the_figures_the_example_prints():
+    carried, chunked = mamba_lm.main([]), mamba_lm.main(["--reset-every-window"])  # about a minute each
+    printed = [carried["valid_bpc"], carried["valid_bpc_chunks"], chunked["valid_bpc"], chunked["valid_bpc_chunks"]]
+    assert printed == pytest.approx(figures("mamba_lm"), abs=BITS)

@@ -7,6 +7,8 @@ import torch
 
 from ignite_tbptt.examples import vowels
 
+from .readme import BITS, POINTS, figures
+
 pytestmark = pytest.mark.slow  # trains two small models on the whole training set
 
 
@@ -25,3 +27,13 @@ def test_memory_beats_chance_and_the_memoryless_baseline_at_the_last_frame():
     assert result["memory_bits"] < 1.0 < math.log2(9) == result["chance_bits"]
     assert result["memory_accuracy"] > 0.8 > 1 / 9
     assert result["memory_accuracy"] > result["no_memory_accuracy"]
+
+
+@pytest.mark.cpu_only("the README's figures are CPU runs")
+def test_the_readme_gives_the_figures_the_example_prints():
+    result = vowels.main([])  # the defaults: about 25 s
+    bits, right, bits_without, right_without = figures("vowels")
+    assert result["memory_bits"] == pytest.approx(bits, abs=BITS)
+    assert result["no_memory_bits"] == pytest.approx(bits_without, abs=BITS)
+    assert 100 * result["memory_accuracy"] == pytest.approx(right, abs=POINTS)
+    assert 100 * result["no_memory_accuracy"] == pytest.approx(right_without, abs=POINTS)

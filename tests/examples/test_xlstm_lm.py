@@ -5,6 +5,8 @@ import torch
 
 from ignite_tbptt.examples import xlstm_lm
 
+from .readme import BITS, figures, full_run
+
 pytestmark = pytest.mark.slow
 
 
@@ -40,3 +42,11 @@ def test_both_truncations_learn_the_main_corpus():
     for name in ("k2>k1", "k2=k1"):
         assert result[name]["valid_bpc"] < result["unigram_bpc"] - 0.5
     assert (result["k2>k1"]["k2"], result["k2=k1"]["k2"]) == (64, 16)
+
+
+@full_run
+@pytest.mark.cpu_only("the README's figures are CPU runs")
+def test_the_readme_gives_the_figures_the_example_prints():
+    result = xlstm_lm.main([])  # the defaults: a few minutes
+    printed = [result["k2>k1"]["valid_bpc"], result["k2=k1"]["valid_bpc"]]
+    assert printed == pytest.approx(figures("xlstm_lm"), abs=BITS)
