@@ -2,7 +2,8 @@
 
 ``bash benchmarks/gpu_check.sh`` leaves its tables and logs in ``DIR`` (default ``gpu-check/``); this assembles them
 into one page (default ``docs/benchmarks-cuda.md``): the suite on the device, the table at the sizes people train in
-float32 and bfloat16, the launch-bound table with CUDA graphs, and the main job eager and graphed. Each part that
+float32 and bfloat16, the launch-bound table with CUDA graphs, the main job eager and graphed, and fla's models
+beside the LSTM and Hugging Face's Mamba2 at equal time (the fla example's table). Each part that
 the check did not leave is named as missing rather than left out silently; a ``tests-note.md`` beside the logs says
 how a rerun of the tests differed from the check's step.
 """
@@ -79,6 +80,25 @@ def main_job_section(folder: Path) -> str:
     return "\n".join([header, "|---|---|---|", *rows])
 
 
+def fla_section(folder: Path) -> str:
+    """The fla example's comparison (``python -m ignite_tbptt.examples.fla_lm --compare``) and its test run."""
+    parts = []
+    tests = _text(folder, "fla-tests.log")
+    summary = [line.strip("= ") for line in (tests or "").splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    parts.append(
+        "`python -m pytest tests/models/test_fla.py tests/examples/test_fla_lm.py --device cuda`: "
+        + (f"**{summary[-1]}**." if summary else "the check left no summary (`fla-tests.log`).")
+    )
+    log = _text(folder, "fla-example.log")
+    table = _table(log) if log else ""
+    if table:
+        header = next(line for line in log.splitlines() if line.startswith("Each model trained"))
+        parts.append(f"`python -m ignite_tbptt.examples.fla_lm --compare`: {header}\n\n{table}")
+    else:
+        parts.append("The check left no table of the fla example (`fla-example.log`).")
+    return "\n\n".join(parts)
+
+
 def page(folder: Path) -> str:
     float32, bfloat16 = _text(folder, "table-float32.md"), _text(folder, "table-bfloat16.md")
     graphs = _text(folder, "graphs.md")
@@ -96,6 +116,8 @@ def page(folder: Path) -> str:
         _body(graphs) if graphs else "The check left no launch-bound table.",
         "## The main job on the device, one epoch",
         main_job_section(folder),
+        "## flash-linear-attention's models, trained across chunks",
+        fla_section(folder),
     ]
     return "\n\n".join(parts) + "\n"
 

@@ -8,8 +8,10 @@
 # Steps, each printing its failures as they happen and writing its table or log under $OUT (default gpu-check/):
 #   1. the training tests on the device (python -m pytest --device cuda): every failing test's name as it fails; the
 #      CUDA-graph tests in a pytest of their own (graph-tests); flash-linear-attention's models and Triton kernels in
-#      one of their own (fla-tests), which fails if fla cannot be imported (pip install --no-deps fla-core
-#      flash-linear-attention) rather than skipping them;
+#      one of their own (fla-tests, the adapter's and the fla example's), which fails if fla cannot be imported
+#      (pip install --no-deps fla-core flash-linear-attention) rather than skipping them; the fla example's
+#      comparison, fla's model, the main job's LSTM and Hugging Face's Mamba2 trained 30 s each (fla-example; in the
+#      dry run, its test on fla's PyTorch references);
 #   2. the benchmark table at the sizes people train (LSTM 1024 x 2 layers, vocabulary 10,000, batch 64), float32
 #      and bfloat16 autocast;
 #   3. the launch-bound table (benchmarks.graphs): a GRU of 8 units, eager loops against CUDA graphs;
@@ -30,6 +32,8 @@ if [[ "${1:-}" == "--dry-run" ]]; then
     DEVICE=cpu
     TESTS=(tests/runtime/test_loss_sum.py tests/runtime/test_hidden.py)
     FLA_TESTS=(tests/models/test_fla.py -k chunked)  # fla's PyTorch-reference kernels; without fla, skipped
+    # fla's example refuses the CPU: its comparison runs on the reference kernels, through its test.
+    FLA_EXAMPLE=(-m pytest -p no:cacheprovider -o addopts= -q -s tests/examples/test_fla_lm.py -k comparison)
     FLA_NEEDED=""
     SIZES=(--quick --pairs 25/25)
     PROFILE=(--hidden 16 --steps 200 --k1 20 --k2 30)
@@ -38,7 +42,8 @@ if [[ "${1:-}" == "--dry-run" ]]; then
 else
     DEVICE=${DEVICE:-cuda}
     TESTS=(tests/engine tests/handlers tests/runtime tests/data tests/planning tests/examples tests/models)
-    FLA_TESTS=(tests/models/test_fla.py)
+    FLA_TESTS=(tests/models/test_fla.py tests/examples/test_fla_lm.py)
+    FLA_EXAMPLE=(-m ignite_tbptt.examples.fla_lm --device "$DEVICE" --compare --seconds 30)
     FLA_NEEDED="$PYTHON -c 'import fla.models' && "  # on the device, an fla that cannot be imported fails the step
     SIZES=(--hidden 1024 --layers 2 --vocab 10000 --batch 64 --steps 600 --repeats 3 --pairs 25/25 25/50 10/40 20/30)
     PROFILE=(--hidden 1024 --layers 2 --vocab 10000 --batch 64 --k1 25 --k2 50 --fused)
@@ -53,7 +58,7 @@ if [[ "$DEVICE" != cpu ]]; then
     "$PYTHON" -c "import xdist" 2>/dev/null && PYTEST_EXTRA+=(-n "${WORKERS:-8}")
     "$PYTHON" -c "import pytest_timeout" 2>/dev/null && PYTEST_EXTRA+=(--timeout 240)
 fi
-STEPS="tests graph-tests fla-tests table-float32 table-bfloat16 graphs profile main-job main-job-graphs page"
+STEPS="tests graph-tests fla-tests fla-example table-float32 table-bfloat16 graphs profile main-job main-job-graphs page"
 ONLY=${ONLY:-}  # step names, separated by spaces: run those alone (a check split over calls, or one step rerun)
 for name in $ONLY; do
     [[ " $STEPS " == *" $name "* ]] || { echo "ONLY: no step named $name; the steps: $STEPS" >&2; exit 2; }
@@ -61,7 +66,7 @@ done
 mkdir -p "$OUT"
 if [[ -z $ONLY ]]; then  # a whole check: nothing an earlier one left may reach the page as this one's
     rm -f "$OUT"/{tests,graph-tests,fla-tests}{,-full}.log "$OUT"/{table-float32,table-bfloat16}.{log,json,md} \
-        "$OUT"/graphs.{log,md} "$OUT"/{profile,main-job,main-job-graphs,page}.log "$OUT"/steps.tsv \
+        "$OUT"/graphs.{log,md} "$OUT"/{profile,main-job,main-job-graphs,fla-example,page}.log "$OUT"/steps.tsv \
         "$OUT"/benchmarks-cuda.md
 fi
 failed=()
@@ -96,15 +101,18 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
 # capture that fails can leave CUDA's random generator unusable in its process, failing every later test there.
 GRAPH_TESTS=tests/engine/test_cuda_graphs.py
 FLA_TEST=tests/models/test_fla.py  # fla's Triton kernels: a pytest of its own, one process (their compile cache)
+FLA_EXAMPLE_TEST=tests/examples/test_fla_lm.py
 on_device() {  # on_device NAME PYTEST-ARGS...: the command line of that pytest run, for bash -c
     local name=$1
     shift
     echo "$PYTHON -m pytest --device $DEVICE -p no:cacheprovider -o addopts= -v --tb=short -rfE $* \
         | tee $OUT/$name-full.log | grep -E --line-buffered 'FAILED|ERROR|passed|failed|error'; exit \${PIPESTATUS[0]}"
 }
-step tests bash -c "$(on_device tests "${PYTEST_EXTRA[@]}" "${TESTS[@]}" --ignore "$GRAPH_TESTS" --ignore "$FLA_TEST")"
+step tests bash -c "$(on_device tests "${PYTEST_EXTRA[@]}" "${TESTS[@]}" --ignore "$GRAPH_TESTS" --ignore "$FLA_TEST" \
+    --ignore "$FLA_EXAMPLE_TEST")"
 step graph-tests bash -c "$(on_device graph-tests "$GRAPH_TESTS")"
 step fla-tests bash -c "$FLA_NEEDED$(on_device fla-tests "${FLA_TESTS[@]}")"
+step fla-example "$PYTHON" "${FLA_EXAMPLE[@]}"  # fla, the main job's LSTM and Mamba2, 30 s of training each
 step table-float32 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \
     --out "$OUT/table-float32.json" --markdown "$OUT/table-float32.md"
 step table-bfloat16 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \

@@ -15,7 +15,7 @@ from ignite_tbptt.examples.options import HelpFormatter, busy_cores_note
 
 from .readme import PATTERNS, figures
 
-EXAMPLES = ["char_lm", "vowels", "spiking_vowels", "decoder", "xlstm_lm", "memory_transformer", "mamba_lm"]
+EXAMPLES = ["char_lm", "vowels", "spiking_vowels", "decoder", "xlstm_lm", "memory_transformer", "mamba_lm", "fla_lm"]
 PACKAGE = Path(__file__).parents[2] / "ignite_tbptt"
 POSITIVE = "got {}; pass a whole number of 1 or more"
 
@@ -75,6 +75,19 @@ REFUSED = {
         (["--seq-len", "100"], "--seq-len 100 must be a multiple of --k1 32"),
         (["--heads", "3"], "--heads 3 must divide 2 x --hidden (128), the inner width the heads span."),
         (["--k1", "4", "--k2", "5", "--seq-len", "64"], "--k1 4 --k2 5: TBPTT(k1=4, k2=5) would call Mamba2 on"),
+    ],
+    "fla_lm": [
+        (["--k1", "0"], "argument --k1: " + POSITIVE.format(0)),
+        (["--seconds", "0"], "argument --seconds: got 0; pass a number above 0"),
+        (
+            ["--arch", "rwkv7"],
+            "argument --arch: invalid choice: 'rwkv7' (choose from ",  # the choices' quotes vary with Python
+        ),
+        (["--seq-len", "100"], "--seq-len 100 must be a multiple of --k1 64"),
+        (["--heads", "3"], "--heads 3 must divide --hidden 64: pass --heads 4, or a --hidden it divides."),
+        (["--compare", "--reset-every-window"], "--compare trains every model with its state carried"),
+        (["--cuda-graphs", "--k2", "128"], "--cuda-graphs captures k1 = k2 windows: pass --k2 64"),
+        (["--device", "cpu"], "--device cpu: fla's kernels are Triton kernels, which run on a CUDA device only"),
     ],
 }
 CASES = [(name, argv, message) for name, cases in REFUSED.items() for argv, message in cases]

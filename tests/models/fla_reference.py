@@ -163,6 +163,9 @@ def use_reference_kernels(monkeypatch) -> list[str]:
     monkeypatch.setattr(FusedRMSNormGated, "forward", _rms_norm_gated)
     monkeypatch.setattr(RMSNormGated, "forward", _rms_norm_grouped)
     monkeypatch.setattr(mlp, "swiglu", lambda x, y: F.silu(x) * y)
+    monkeypatch.setattr(
+        mlp.SwiGLULinear, "forward", lambda self, x, y, weight, bias: F.linear(F.silu(x) * y, weight, bias)
+    )
     for name in ("silu", "swish"):
         monkeypatch.setitem(activations.ACT2FN, name, F.silu)
     monkeypatch.setitem(activations.ACT2FN, "sigmoid", torch.sigmoid)
