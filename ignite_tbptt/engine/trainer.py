@@ -75,7 +75,7 @@ def tbptt_training_step(
     accumulation = positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
     recompute = None if recompute is None else positive_int("recompute", recompute, "steps per rebuilt segment")
     device_type = device_type_of(model, device)
-    execution = _execution(cuda_graphs, device_type, recompute, target_count_fn, module_state)
+    execution = _execution(cuda_graphs, device_type, recompute, target_count_fn)
     optimizer_step = OptimizerStep(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation)
     model_call = build_model_call(
         model,
@@ -106,9 +106,7 @@ def tbptt_training_step(
     )
 
 
-def _execution(
-    cuda_graphs: Any, device_type: str, recompute: Any, target_count_fn: Any, module_state: Any
-) -> Execution:
+def _execution(cuda_graphs: Any, device_type: str, recompute: Any, target_count_fn: Any) -> Execution:
     # The one decision of how windows run; which windows a program may run is the plans' (SegmentPlan.replayable),
     # and whether the window source allows programs, the stream loop's as the source is installed.
     if cuda_graphs is False or cuda_graphs is None:
@@ -128,7 +126,6 @@ def _execution(
     for name, value, why in (
         ("recompute", recompute, "a window program is paid at once and rebuilds nothing"),
         ("target_count_fn", target_count_fn, "its count is read on the host, which a captured window cannot do"),
-        ("module_state", module_state, "state kept in attributes is not captured yet"),
     ):
         if value is not None:
             raise ValueError(f"cuda_graphs={cuda_graphs!r} does not take {name} ({why}); pass one or the other.")
@@ -323,6 +320,8 @@ def create_tbptt_trainer(
             between windows, as without graphs. A stream's first window, the run's second, and a window split by
             a sequence start inside it run eagerly. Needs the model on CUDA and k1 = k2; the model, ``model_fn``
             and ``loss_fn`` must not read values back to the host, and Python code in them runs only at capture.
+            State kept in attributes (``module_state``) is written from the static buffers at capture, so that
+            between replays the attributes hold the graph's output state, which the next replay overwrites.
             A window's gradients are added into ``.grad`` as an eager backward pass adds them. ``"uncaptured"`` runs
             the same window programs without capture, on any device: they give the eager parameters bit for bit,
             more slowly (the tests and benchmarks of programs on the CPU use it). Default False.
@@ -379,8 +378,8 @@ def create_tbptt_trainer(
             configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
             naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
             ``cuda_graphs=True``: a model that is not on a CUDA device; with ``cuda_graphs=True`` or
-            ``"uncaptured"``: k2 != k1 (also for a handler's window source), ``recompute``, ``target_count_fn`` or
-            ``module_state``; when a run starts, a model sharded by FSDP2. ``cuda_graphs`` of another value.
+            ``"uncaptured"``: k2 != k1 (also for a handler's window source), ``recompute`` or ``target_count_fn``;
+            when a run starts, a model sharded by FSDP2. ``cuda_graphs`` of another value.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
             captured (a read from the device, or shapes from data, in the model or the loss), naming the fix.
         StateWrittenInPlace: (a ``RuntimeError``) during a run, if a model call wrote in place into the hidden

@@ -248,7 +248,6 @@ def test_what_graphs_do_not_take_is_refused_at_construction():
         ({"k2": 2}, r"k1 = 5, k2 = 2"),
         ({"recompute": 2}, r"does not take recompute"),
         ({"target_count_fn": lambda y_pred, y: y.numel()}, r"does not take target_count_fn"),
-        ({"module_state": ["rnn.h"]}, r"does not take module_state"),
     ):
         with pytest.raises(ValueError, match=match):
             create_tbptt_trainer(model, optimizer, loss_fn, **{"k1": 5, **options}, cuda_graphs=programs(True))
@@ -372,6 +371,54 @@ def test_a_layer_caching_its_returned_state_in_an_attribute(device, lstm):
     with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
         graphed_params = train_with(True, data, model, adam, carry_hidden=True)
     assert len({id(program) for program in runs}) == 2 and len(runs) > 20
+    for p, q in zip(eager, graphed_params):
+        if device.type == "cpu":
+            assert torch.equal(p, q)
+        else:
+            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+class KeepsItsState(nn.Module):
+    """A GRU cell loop whose state lives in an attribute (``module_state=["h"]``), forward(x) returning logits only."""
+
+    def __init__(self, vocab=10, hidden=8):
+        super().__init__()
+        self.embedding, self.cell, self.out = nn.Embedding(vocab, 6), nn.GRUCell(6, hidden), nn.Linear(hidden, vocab)
+        self.register_buffer("h", torch.zeros(1, hidden), persistent=False)  # broadcast at a stream's start
+
+    def forward(self, x):
+        h, outputs = self.h.expand(x.shape[1], -1), []
+        for e in self.embedding(x):
+            h = self.h = self.cell(e, h)
+            outputs.append(h)
+        return self.out(torch.stack(outputs))
+
+
+@pytest.mark.parametrize("starts", [False, True], ids=["one stream", "sequence starts at windows' first steps"])
+def test_state_kept_in_the_models_attributes(device, starts):
+    # The attribute is written from the program's static buffers and read back from the model after the call; at
+    # a sequence start the trainer's reset zeroes the column's state in the tree the program copies in.
+    data = with_window_starts(batches()) if starts else batches()
+    runs = []
+    original = window_programs.WindowProgram.__call__
+
+    def counted(self, *args):
+        runs.append(self)
+        return original(self, *args)
+
+    def adam(params):
+        return torch.optim.Adam(params, lr=0.01)
+
+    def reset(state, starts):  # the state's tensors, (B, H) in the attribute's tree: zero the starting columns
+        return {"modules": {"h": state["modules"]["h"].masked_fill(starts[:, None], 0.0)}, "returned": None}
+
+    options = {"carry_hidden": True, "module_state": ["h"], **({"reset_hidden": reset} if starts else {})}
+    eager = train_with(False, data, KeepsItsState, adam, **options)
+    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
+        graphed_params = train_with(True, data, KeepsItsState, adam, **options)
+    # 5 windows a batch, 8 batches, a stream an epoch: each stream's first window and the run's second run eagerly,
+    # the others as programs (the starts fall at windows' first steps, which a program resets as a mask).
+    assert len(runs) == 40 - 2 - 1
     for p, q in zip(eager, graphed_params):
         if device.type == "cpu":
             assert torch.equal(p, q)

@@ -296,10 +296,12 @@ def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninte
 
 
 def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path, two_processes):
-    args = [*STREAM, *two_processes, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress", "--nproc", "2"]
-    plain = char_lm.main([*args, "--checkpoint-every", "0", "--logdir", str(tmp_path / "plain")])
+    one = [*STREAM, *two_processes, "--k1", "10", "--k2", "25", "--epochs", "2", "--no-progress"]
+    args = [*one, "--nproc", "2"]
+    plain = char_lm.main([*one, "--checkpoint-every", "0", "--logdir", str(tmp_path / "plain")])
     sharded = char_lm.main([*args, "--fsdp", "--checkpoint-every", "40", "--logdir", str(tmp_path / "sharded")])
-    # The same training but for float32 rounding: FSDP2 reduce-scatters the gradients where the trainer all-reduces.
+    # The one-process training but for float32 rounding: each process trains its 4 of the 8 columns, and FSDP2
+    # reduce-scatters their gradients (two unsharded processes train as one: the test above).
     assert sharded["valid_bpc"] == pytest.approx(plain["valid_bpc"], abs=5e-3)
     checkpoint = tmp_path / "sharded" / "checkpoints" / "checkpoint_120.pt"  # mid-epoch 2, retained segments
     on = ["--fsdp", "--checkpoint-every", "0", "--logdir", str(tmp_path / "on"), "--resume", str(checkpoint)]
