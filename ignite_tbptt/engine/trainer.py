@@ -75,7 +75,7 @@ def tbptt_training_step(
     accumulation = positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
     recompute = None if recompute is None else positive_int("recompute", recompute, "steps per rebuilt segment")
     device_type = device_type_of(model, device)
-    execution = _execution(cuda_graphs, device_type, recompute, target_count_fn)
+    execution = _execution(cuda_graphs, device_type, recompute)
     optimizer_step = OptimizerStep(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation)
     model_call = build_model_call(
         model,
@@ -106,7 +106,7 @@ def tbptt_training_step(
     )
 
 
-def _execution(cuda_graphs: Any, device_type: str, recompute: Any, target_count_fn: Any) -> Execution:
+def _execution(cuda_graphs: Any, device_type: str, recompute: Any) -> Execution:
     # The one decision of how windows run; which windows a program may run is the plans' (SegmentPlan.replayable),
     # and whether the window source allows programs, the stream loop's as the source is installed.
     if cuda_graphs is False or cuda_graphs is None:
@@ -123,12 +123,11 @@ def _execution(cuda_graphs: Any, device_type: str, recompute: Any, target_count_
         execution = Execution.PROGRAMS
     else:
         raise ValueError(f"cuda_graphs must be True, False or 'uncaptured', got {cuda_graphs!r}.")
-    for name, value, why in (
-        ("recompute", recompute, "a window program is paid at once and rebuilds nothing"),
-        ("target_count_fn", target_count_fn, "its count is read on the host, which a captured window cannot do"),
-    ):
-        if value is not None:
-            raise ValueError(f"cuda_graphs={cuda_graphs!r} does not take {name} ({why}); pass one or the other.")
+    if recompute is not None:
+        raise ValueError(
+            f"cuda_graphs={cuda_graphs!r} does not take recompute (a window program is paid at once and rebuilds "
+            "nothing); pass one or the other."
+        )
     return execution
 
 
@@ -320,7 +319,10 @@ def create_tbptt_trainer(
             between windows, as without graphs. A stream's first window, the run's second, and a window split by
             a sequence start inside it run eagerly. Needs the model on CUDA and k1 = k2; the model, ``model_fn``
             and ``loss_fn`` must not read values back to the host, and Python code in them runs only at capture.
-            State kept in attributes (``module_state``) is written from the static buffers at capture, so that
+            ``target_count_fn`` runs in the window on its static targets (it must give a tensor, or an int the
+            shapes fix) and its count is read after the window, for the step's divisor; a window without targets
+            adds no gradient. State kept in attributes (``module_state``) is written from the static buffers at
+            capture, so that
             between replays the attributes hold the graph's output state, which the next replay overwrites.
             A window's gradients are added into ``.grad`` as an eager backward pass adds them. ``"uncaptured"`` runs
             the same window programs without capture, on any device: they give the eager parameters bit for bit,
@@ -378,8 +380,8 @@ def create_tbptt_trainer(
             configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
             naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
             ``cuda_graphs=True``: a model that is not on a CUDA device; with ``cuda_graphs=True`` or
-            ``"uncaptured"``: k2 != k1 (also for a handler's window source), ``recompute`` or ``target_count_fn``;
-            when a run starts, a model sharded by FSDP2. ``cuda_graphs`` of another value.
+            ``"uncaptured"``: k2 != k1 (also for a handler's window source) or ``recompute``; when a run starts, a
+            model sharded by FSDP2. ``cuda_graphs`` of another value.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
             captured (a read from the device, or shapes from data, in the model or the loss), naming the fix.
         StateWrittenInPlace: (a ``RuntimeError``) during a run, if a model call wrote in place into the hidden

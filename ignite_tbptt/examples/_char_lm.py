@@ -302,7 +302,7 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
         device=device,
         # Padding does not count in the mean. Training batches hold none (packed with drop_last, or a stream), so
         # captured windows, which cannot read a count on the host, count every target.
-        target_count_fn=None if args.cuda_graphs else lambda y_pred, y: count_targets(y),
+        target_count_fn=lambda y_pred, y: count_targets(y),
         cuda_graphs=args.cuda_graphs,
         deterministic=True,  # resumable mid-epoch: ignite's DeterministicEngine skips the batches already seen
     )

@@ -7,8 +7,9 @@ whose loss is backpropagated at once and of which nothing is retained (its plan 
 :attr:`~ignite_tbptt.planning.SegmentPlan.replayable`; at k1 = k2, every window of a stream but the first), with the
 hidden-state reset of columns that start a sequence at its first step as a mask. Each shape of such a window is a
 :class:`WindowProgram`: its input, targets, hidden state and reset mask are copied into static buffers, the
-model, the loss and the backward pass run on them, and the window's gradients (the program's outputs) are added into
-the parameters' ``.grad`` after each run as autograd's backward pass would add them. :class:`ProgramExecutor` runs
+model, the loss (with ``target_count_fn``'s count, on the device) and the backward pass run on them, and the
+window's gradients (the program's outputs) are added into the parameters' ``.grad`` after each run as autograd's
+backward pass would add them, once its target count is read (none without targets). :class:`ProgramExecutor` runs
 the plans: replayable ones as programs, every other one (the first windows of a stream, windows split by a sequence
 start, windows of a new shape past the bound) as the eager :class:`~ignite_tbptt.runtime.SegmentExecutor` does.
 The optimizer step runs eagerly between windows, so handlers, clipping, the inf/NaN check and learning-rate
@@ -67,7 +68,9 @@ def build_executor(
     """The executor ``execution`` names, over ``stream``; ``parameters``: the optimizer's, in its order."""
     if execution is Execution.EAGER:
         return SegmentExecutor(model_call, loss, stream, target_count_fn)
-    return ProgramExecutor(model_call, loss, stream, parameters, capture=execution is Execution.CUDA_GRAPHS)
+    return ProgramExecutor(
+        model_call, loss, stream, target_count_fn, parameters, capture=execution is Execution.CUDA_GRAPHS
+    )
 
 
 class GraphCaptureError(RuntimeError):
@@ -108,11 +111,13 @@ class WindowProgram:
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, hidden: Any, starts: torch.Tensor | None
-    ) -> tuple[Any, Any, Any]:
+    ) -> tuple[Any, Any, Any, int]:
         """Run the window on ``x``, ``y`` from ``hidden``, resetting the ``starts`` columns first.
 
         Returns:
-            The window's mean loss, the tensors of its returned hidden state, and its predictions, all detached.
+            The window's mean loss, the tensors of its returned hidden state and its predictions, all detached, and
+            its target count. A window without targets (padding only) adds no gradient, as an eager one runs no
+            backward pass.
         """
         with torch.no_grad():  # the state arrives with the graph of an eager window
             self.x.copy_(x)
@@ -132,24 +137,30 @@ class WindowProgram:
                 self.graph, self.outputs = executor.captured(self._body)
             self.graph.replay()
             outputs, fresh = self.outputs, False
-        mean, hidden_out, y_pred, window_grads = outputs
-        executor.add_window_gradients(window_grads, fresh)
+        mean, hidden_out, y_pred, window_grads, count = outputs
+        targets = self.targets if count is None else int(count)  # read once the window has run, as an eager one
+        if targets:
+            executor.add_window_gradients(window_grads, fresh)
         if fresh:
-            return mean, hidden_out, y_pred
+            return mean, hidden_out, y_pred, targets
         # Fresh tensors: the next replay overwrites the static ones, and a handler may keep a window's values.
-        return mean.clone(), [t.clone() for t in hidden_out], pytree.tree_map_only(torch.Tensor, torch.clone, y_pred)
+        hidden_out, y_pred = [t.clone() for t in hidden_out], pytree.tree_map_only(torch.Tensor, torch.clone, y_pred)
+        return mean.clone(), hidden_out, y_pred, targets
 
-    def _body(self) -> tuple[Any, list[torch.Tensor], Any, tuple]:
+    def _body(self) -> tuple[Any, list[torch.Tensor], Any, tuple, Any]:
         executor = self.executor
         y_pred, hidden_out = executor.model_call(self.x, self.tree, None, False, self.starts)
         rule = executor.loss  # the eager executor's rule: the same operations, so the same gradients
+        # target_count_fn's count stays on the device here (a 0-dim tensor, or an int fixed by the shapes), and is
+        # read once the window has run. Without targets the mean is NaN (0 / 0) and its gradients are not added.
+        count = None if executor.target_count_fn is None else executor.target_count_fn(y_pred, self.y)
         mean = rule.mean(y_pred, self.y, self.targets)
-        root = rule.root(rule.backpropagated(mean, self.targets, self.backward_mean))
+        root = rule.root(rule.backpropagated(mean, self.targets if count is None else count, self.backward_mean))
         window_grads = torch.autograd.grad(root, executor.trained, allow_unused=True)
         state = [t.detach() for t in hs.flatten(hidden_out)]
         if executor.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
             repoint_caches(executor.model_call.model, hidden_out, hs.unflatten(hidden_out, state))
-        return mean.detach(), state, hs.detached(y_pred), window_grads
+        return mean.detach(), state, hs.detached(y_pred), window_grads, count
 
 
 class ProgramExecutor(SegmentExecutor):
@@ -163,6 +174,8 @@ class ProgramExecutor(SegmentExecutor):
         model_call: runs the model (its autocast must not cache casts under capture).
         loss: how a segment's loss is computed and backpropagated, the eager executor's rule.
         stream: the stream's state.
+        target_count_fn: ``target_count_fn(y_pred, y)``, a segment's target count, or ``None`` for ``y.numel()``; in
+            a program it runs on the device and is read after the window (under capture: after the replay).
         parameters: the optimizer's parameters, in its order.
         capture: capture each program in a CUDA graph after ``warmup`` eager runs (on CUDA); else run the same
             program eagerly every window.
@@ -177,13 +190,14 @@ class ProgramExecutor(SegmentExecutor):
         model_call: ModelCall,
         loss: LossRule,
         stream: StreamState,
+        target_count_fn: Callable[[Any, Any], Any] | None,
         parameters: Callable[[], list[torch.Tensor]],
         *,
         capture: bool,
         limit: int = 8,
         warmup: int = 3,
     ) -> None:
-        super().__init__(model_call, loss, stream, None)
+        super().__init__(model_call, loss, stream, target_count_fn)
         self.parameters, self.capture, self.limit, self.warmup = parameters, capture, limit, warmup
         self.programs: dict[tuple, WindowProgram] = {}
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
@@ -237,8 +251,7 @@ class ProgramExecutor(SegmentExecutor):
             eager, stream.hidden = stream.hidden, hs.detached(stream.hidden)
             repoint_caches(self.model_call.model, eager, stream.hidden)
             del eager
-        mean, hidden_out, predictions = program(x, y, stream.hidden, resets)
-        n = program.targets
+        mean, hidden_out, predictions, n = program(x, y, stream.hidden, resets)
         stream.hidden, stream.position = hs.unflatten(stream.hidden, hidden_out), plan.end
         stream.window_loss.add(mean, n, True)
         return SegmentResult(mean, n, predictions if keep_predictions else None)
@@ -310,8 +323,8 @@ class ProgramExecutor(SegmentExecutor):
             raise GraphCaptureError(
                 f"the window could not be captured in a CUDA graph ({error}). A captured window may not read a value "
                 "back to the host (.item(), float(), a Python condition on a tensor, nonzero() or a shape from data) "
-                "in the model, model_fn or loss_fn; remove the read, or pass cuda_graphs=False. A failed capture can "
-                "leave CUDA's random generator unusable in this process (later random draws fail with 'Offset "
-                "increment outside graph capture'): start a new process for the next run."
+                "in the model, model_fn, loss_fn or target_count_fn; remove the read, or pass cuda_graphs=False. A "
+                "failed capture can leave CUDA's random generator unusable in this process (later random draws fail "
+                "with 'Offset increment outside graph capture'): start a new process for the next run."
             ) from error
         return graph, outputs

@@ -13,7 +13,7 @@ import torch
 from ignite.engine import Events
 from torch import nn
 
-from ignite_tbptt import AdaptiveTruncation, GradientClipping, TBPTTEvents, create_tbptt_trainer
+from ignite_tbptt import AdaptiveTruncation, GradientClipping, TBPTTEvents, count_targets, create_tbptt_trainer
 from ignite_tbptt.runtime import model_call, window_programs
 
 
@@ -45,13 +45,22 @@ def batches(length=25, count=4, columns=4, seed=0):
 
 
 def train(
-    cuda_graphs, data, epochs=2, optimizer=None, handlers=(), cell=nn.GRU, dtype=torch.float64, model=None, **options
+    cuda_graphs,
+    data,
+    epochs=2,
+    optimizer=None,
+    handlers=(),
+    cell=nn.GRU,
+    dtype=torch.float64,
+    model=None,
+    loss=loss_fn,
+    **options,
 ):
     torch.manual_seed(0)
     model = (model() if model else CharModel(cell=cell)).to(dtype)
     make = optimizer or (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9))
     opt = make(model.parameters())
-    trainer = create_tbptt_trainer(model, opt, loss_fn, cuda_graphs=programs(cuda_graphs), **{"k1": 5, **options})
+    trainer = create_tbptt_trainer(model, opt, loss, cuda_graphs=programs(cuda_graphs), **{"k1": 5, **options})
     for attach in handlers:
         attach(trainer)
     runs = []
@@ -247,7 +256,6 @@ def test_what_graphs_do_not_take_is_refused_at_construction():
         ({"k2": 10}, r"k1 = 5, k2 = 10, whose windows retain"),
         ({"k2": 2}, r"k1 = 5, k2 = 2"),
         ({"recompute": 2}, r"does not take recompute"),
-        ({"target_count_fn": lambda y_pred, y: y.numel()}, r"does not take target_count_fn"),
     ):
         with pytest.raises(ValueError, match=match):
             create_tbptt_trainer(model, optimizer, loss_fn, **{"k1": 5, **options}, cuda_graphs=programs(True))
@@ -424,3 +432,44 @@ def test_state_kept_in_the_models_attributes(device, starts):
             assert torch.equal(p, q)
         else:
             torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+
+
+def padded(data):
+    """``data`` with padding targets (-100, cross_entropy's ignore_index): a few steps, and all of one window."""
+    out = []
+    for i, (x, y) in enumerate(data):
+        y = y.clone()
+        y[3, 1] = y[17:19, 2] = -100
+        if i == 1:
+            y[10:15] = -100  # the batch's third window: no targets at all
+        out.append((x, y))
+    return out
+
+
+def summed_over_count(y_pred, y):
+    """The mean over the real targets, padding masked out: NaN, with NaN gradients, where there are none."""
+    real = (y != -100).flatten()
+    losses = nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.clamp(min=0).flatten(), reduction="none")
+    return (losses * real).sum() / real.sum()
+
+
+@pytest.mark.parametrize("accumulation", [1, 3], ids=["a window a step (its mean)", "3 windows a step (their sum)"])
+def test_a_target_count_on_the_device_normalises_as_the_eager_trainer_does(device, accumulation):
+    # count_targets stays on the device inside the program and is read once the window has run; a window of padding
+    # only adds no gradient (here NaN), as an eager one runs no backward pass, and a step of none is not taken.
+    data = padded(batches())
+    options = {
+        "carry_hidden": True,
+        "gradient_accumulation_steps": accumulation,
+        "target_count_fn": lambda y_pred, y: count_targets(y),
+        "loss": summed_over_count,
+    }
+    eager, eager_trainer, _ = train(False, data, **options)
+    graphed_model, trainer, runs = train(True, data, **options)
+    assert runs == 40 - 2 - 1  # the window of padding ran as a program too
+    assert_same(eager, graphed_model, device)
+    assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
+    # The count matters: normalising by every step instead gives other parameters (cross_entropy's own mean, whose
+    # gradient is zero where it has no targets: the window of padding takes a step of zero gradients).
+    uncounted, _, _ = train(True, data, **{**options, "target_count_fn": None, "loss": loss_fn})
+    assert not all(torch.equal(p, q) for p, q in zip(eager.parameters(), uncounted.parameters()))
