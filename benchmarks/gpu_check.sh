@@ -53,6 +53,7 @@ fi
 STEP_LIMIT=${STEP_LIMIT:-240}
 TEST_LIMIT=${TEST_LIMIT:-420}  # the training tests took 3 min on one H100 in 8 workers; a test may take 240 s
 FLA_LIMIT=${FLA_LIMIT:-480}  # not yet run on a GPU: Triton compiles and autotunes each fla kernel on first use
+FLA_EXAMPLE_LIMIT=${FLA_EXAMPLE_LIMIT:-360}  # three models of 30 s, their data, evaluation and fla's compiles
 PYTEST_EXTRA=()
 if [[ "$DEVICE" != cpu ]]; then
     "$PYTHON" -c "import xdist" 2>/dev/null && PYTEST_EXTRA+=(-n "${WORKERS:-8}")
@@ -84,6 +85,7 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
     fi
     [[ $name == tests ]] && limit=$TEST_LIMIT
     [[ $name == fla-tests ]] && limit=$FLA_LIMIT
+    [[ $name == fla-example ]] && limit=$FLA_EXAMPLE_LIMIT
     echo "== $name: $*"
     local start=$SECONDS
     if timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log"; then
