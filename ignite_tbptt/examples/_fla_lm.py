@@ -77,12 +77,14 @@ class Contender:
         build: the model for a vocabulary of this size.
         batch_first: whether the model reads ``(B, T)`` batches (``time_dim=1``), else ``(T, B)``.
         options: ``model_fn`` and ``reset_hidden`` for :func:`~ignite_tbptt.create_tbptt_trainer`, if not the default.
+        chunks: trained, and read, on independent chunks: the state reset at every window's start.
     """
 
     name: str
     build: Callable[[int], torch.nn.Module]
     batch_first: bool
     options: dict[str, Any] = field(default_factory=dict)
+    chunks: bool = False
 
     def call_options(self, reset_every: int | None = None) -> dict[str, Any]:
         """The trainer's or evaluator's options: the layout, the state's functions, the state reset every N steps."""
@@ -94,12 +96,20 @@ class Contender:
 
 
 def contenders(args: argparse.Namespace) -> dict[str, Contender]:
-    """The fla model of ``--arch`` and, for ``--compare``, the main job's LSTM and Hugging Face's Mamba2."""
+    """The fla model of ``--arch`` (on chunks too, for ``--compare``), the main job's LSTM and Hugging Face's Mamba2.
+
+    The fla model's ``chunks`` follow ``--reset-every-window``; the comparison trains it both ways.
+    """
     arch = ARCHITECTURES[args.arch][2]
     fla_options = {"model_fn": fla_model_fn, "reset_hidden": fla_reset_hidden}
     mamba2_options = {"model_fn": mamba2_model_fn, "reset_hidden": mamba2_reset_hidden}
+
+    def fla(vocab: int) -> torch.nn.Module:
+        return build_model(vocab, args)
+
     return {
-        "fla": Contender(f"fla {arch}", lambda vocab: build_model(vocab, args), True, fla_options),
+        "fla": Contender(f"fla {arch}", fla, True, fla_options, chunks=args.reset_every_window),
+        "fla_chunks": Contender(f"fla {arch}, state reset every window", fla, True, fla_options, chunks=True),
         "lstm": Contender("LSTM (the main job's)", lambda vocab: CharLSTM(vocab, 64, 256, 1), False),
         "mamba2": Contender(
             "Mamba2 (Hugging Face's)",
@@ -139,7 +149,7 @@ def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batch
         device=args.device,
         target_count_fn=lambda y_pred, y: count_targets(y),
         cuda_graphs=args.cuda_graphs,
-        **contender.call_options(args.k1 if args.reset_every_window else None),
+        **contender.call_options(args.k1 if contender.chunks else None),
     )
     if args.clip > 0:
         GradientClipping(model, max_norm=args.clip).attach(trainer)
@@ -233,10 +243,11 @@ def train_and_evaluate(args: argparse.Namespace) -> dict:
 
 
 def compare(args: argparse.Namespace) -> dict:
-    """The fla model, the main job's LSTM and Hugging Face's Mamba2, each trained for the same time on the same data.
+    """The fla model, the same on chunks, the main job's LSTM and Hugging Face's Mamba2, trained for the same time.
 
     Each trains until ``--seconds`` have passed (or ``--steps``), with the same TBPTT(k1, k2), batches, optimizer
-    and clipping, its state carried; then each reads the held-out text with its state carried. Prints one table.
+    and clipping, its state carried (the fla model on chunks: reset at every window's start); then each reads the
+    held-out text the way it was trained. Prints one table.
     """
     vocab, train_batches, valid, unigram, predicted = _mamba_lm.load_data(args)
     print(
@@ -254,9 +265,9 @@ def compare(args: argparse.Namespace) -> dict:
             "steps": trained.steps,
             "seconds": trained.seconds,
             "characters_per_second": trained.characters / trained.seconds,
-            "valid_bpc": evaluate(contender, trained.model, valid, args),
+            "valid_bpc": evaluate(contender, trained.model, valid, args, args.k1 if contender.chunks else None),
         }
-    print("\n| model | parameters | optimizer steps | seconds | characters/s | validation bits/char |")
+    print("\n| model | parameters | optimizer steps | seconds | characters/s | validation bits/char, read as trained |")
     print("|---|---|---|---|---|---|")
     for row in rows.values():
         print(

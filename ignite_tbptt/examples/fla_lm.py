@@ -10,8 +10,8 @@ state a chunk starts from and return the gradient with respect to it (Yang et al
 section 3; "Gated Linear Attention Transformers", section 4), so the gradient of TBPTT(k1, k2) flows through the
 carried state. ``--reset-every-window`` trains on independent chunks instead, for comparison; both print the
 validation bits per character with the state carried and with it reset every ``k1`` characters, and the training's
-characters per second. ``--compare`` trains the fla model, the main job's LSTM and Hugging Face's Mamba2 for the
-same ``--seconds`` on the same batches and prints one table.
+characters per second. ``--compare`` trains the fla model with its state carried and on independent chunks, the
+main job's LSTM and Hugging Face's Mamba2 for the same ``--seconds`` on the same batches and prints one table.
 
 fla's kernels are Triton kernels, which run on a CUDA device only; on the CPU, Hugging Face's Mamba2 trains through
 its PyTorch scan (``python -m ignite_tbptt.examples.mamba_lm``).
@@ -20,7 +20,7 @@ Run::
 
     python -m ignite_tbptt.examples.fla_lm --arch gla                        # a CUDA device
     python -m ignite_tbptt.examples.fla_lm --arch gla --reset-every-window   # the same model on independent chunks
-    python -m ignite_tbptt.examples.fla_lm --compare --seconds 60            # fla, the LSTM and Mamba2, 60 s each
+    python -m ignite_tbptt.examples.fla_lm --compare --seconds 60            # fla both ways, LSTM, Mamba2: 60 s each
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the models and
 the training are in ``_fla_lm``, whose names it forwards (``fla_lm.build_model``, ``fla_lm.contenders``...).
@@ -86,7 +86,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--compare",
         action="store_true",
-        help="train the fla model, the main job's LSTM and Hugging Face's Mamba2 for --seconds each; print a table",
+        help="train the fla model (state carried, and on chunks), the LSTM and Mamba2 for --seconds each; one table",
     )
     p.add_argument("--k1", type=positive_int, default=64, help="steps between backward passes, fla's chunk size")
     p.add_argument("--k2", type=positive_int, help="steps each backward pass reaches back (default: k1)")
@@ -139,7 +139,7 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.hidden % args.heads:
         p.error(f"--heads {args.heads} must divide --hidden {args.hidden}: pass --heads 4, or a --hidden it divides.")
     if args.compare and args.reset_every_window:
-        p.error("--compare trains every model with its state carried: pass --reset-every-window without --compare.")
+        p.error("--compare trains the fla model both ways already: pass --reset-every-window without --compare.")
     if args.cuda_graphs and args.k2 != args.k1:
         p.error(f"--cuda-graphs captures k1 = k2 windows: pass --k2 {args.k1}, or leave --cuda-graphs out.")
     if importlib.util.find_spec("fla") is None:

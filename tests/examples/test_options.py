@@ -85,7 +85,7 @@ REFUSED = {
         ),
         (["--seq-len", "100"], "--seq-len 100 must be a multiple of --k1 64"),
         (["--heads", "3"], "--heads 3 must divide --hidden 64: pass --heads 4, or a --hidden it divides."),
-        (["--compare", "--reset-every-window"], "--compare trains every model with its state carried"),
+        (["--compare", "--reset-every-window"], "--compare trains the fla model both ways already"),
         (["--cuda-graphs", "--k2", "128"], "--cuda-graphs captures k1 = k2 windows: pass --k2 64"),
         (["--device", "cpu"], "--device cpu: fla's kernels are Triton kernels, which run on a CUDA device only"),
     ],
