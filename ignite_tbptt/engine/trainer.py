@@ -322,8 +322,8 @@ def create_tbptt_trainer(
             ``target_count_fn`` runs in the window on its static targets (it must give a tensor, or an int the
             shapes fix) and its count is read after the window, for the step's divisor; a window without targets
             adds no gradient. State kept in attributes (``module_state``) is written from the static buffers at
-            capture, so that
-            between replays the attributes hold the graph's output state, which the next replay overwrites.
+            capture, so that between replays the attributes hold the graph's output state, which the next replay
+            overwrites.
             A window's gradients are added into ``.grad`` as an eager backward pass adds them. ``"uncaptured"`` runs
             the same window programs without capture, on any device: they give the eager parameters bit for bit,
             more slowly (the tests and benchmarks of programs on the CPU use it). Default False.
