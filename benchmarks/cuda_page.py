@@ -92,7 +92,7 @@ def fla_section(folder: Path) -> str:
     log = _text(folder, "fla-example.log")
     table = _table(log) if log else ""
     if table:
-        header = next(line for line in log.splitlines() if line.startswith("Each model trained"))
+        header = next((line for line in log.splitlines() if line.startswith("Each model trained")), "")
         parts.append(f"`python -m ignite_tbptt.examples.fla_lm --compare`: {header}\n\n{table}")
     else:
         parts.append("The check left no table of the fla example (`fla-example.log`).")

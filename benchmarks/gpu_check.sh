@@ -10,8 +10,8 @@
 #      CUDA-graph tests in a pytest of their own (graph-tests); flash-linear-attention's models and Triton kernels in
 #      one of their own (fla-tests, the adapter's and the fla example's), which fails if fla cannot be imported
 #      (pip install --no-deps fla-core flash-linear-attention) rather than skipping them; the fla example's
-#      comparison, fla's model, the main job's LSTM and Hugging Face's Mamba2 trained 30 s each (fla-example; in the
-#      dry run, its test on fla's PyTorch references);
+#      comparison, fla's model (state carried, and on chunks), the main job's LSTM and Hugging Face's Mamba2 trained
+#      30 s each (fla-example; in the dry run, its test on fla's PyTorch references);
 #   2. the benchmark table at the sizes people train (LSTM 1024 x 2 layers, vocabulary 10,000, batch 64), float32
 #      and bfloat16 autocast;
 #   3. the launch-bound table (benchmarks.graphs): a GRU of 8 units, eager loops against CUDA graphs;
@@ -53,7 +53,7 @@ fi
 STEP_LIMIT=${STEP_LIMIT:-240}
 TEST_LIMIT=${TEST_LIMIT:-420}  # the training tests took 3 min on one H100 in 8 workers; a test may take 240 s
 FLA_LIMIT=${FLA_LIMIT:-480}  # not yet run on a GPU: Triton compiles and autotunes each fla kernel on first use
-FLA_EXAMPLE_LIMIT=${FLA_EXAMPLE_LIMIT:-360}  # three models of 30 s, their data, evaluation and fla's compiles
+FLA_EXAMPLE_LIMIT=${FLA_EXAMPLE_LIMIT:-420}  # four models of 30 s, their data, evaluation and fla's compiles
 PYTEST_EXTRA=()
 if [[ "$DEVICE" != cpu ]]; then
     "$PYTHON" -c "import xdist" 2>/dev/null && PYTEST_EXTRA+=(-n "${WORKERS:-8}")
@@ -114,7 +114,7 @@ step tests bash -c "$(on_device tests "${PYTEST_EXTRA[@]}" "${TESTS[@]}" --ignor
     --ignore "$FLA_EXAMPLE_TEST")"
 step graph-tests bash -c "$(on_device graph-tests "$GRAPH_TESTS")"
 step fla-tests bash -c "$FLA_NEEDED$(on_device fla-tests "${FLA_TESTS[@]}")"
-step fla-example "$PYTHON" "${FLA_EXAMPLE[@]}"  # fla, the main job's LSTM and Mamba2, 30 s of training each
+step fla-example "$PYTHON" "${FLA_EXAMPLE[@]}"  # fla both ways, the main job's LSTM and Mamba2: 30 s each
 step table-float32 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \
     --out "$OUT/table-float32.json" --markdown "$OUT/table-float32.md"
 step table-bfloat16 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \

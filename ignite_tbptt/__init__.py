@@ -9,6 +9,7 @@ without torch; :mod:`~ignite_tbptt.runtime` carries the plans out with torch, wi
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import TYPE_CHECKING, Any
 
 from .version import __version__ as __version__
@@ -68,16 +69,24 @@ if TYPE_CHECKING:
     from .runtime import default_model_fn, default_reset_hidden
 
 
+# The subpackages and modules, read as attributes of the package (``ignite_tbptt.engine``), as when they were imported.
+_SUBMODULES = frozenset(
+    {"checks", "data", "engine", "examples", "handlers", "layout", "metrics", "models", "planning", "plot", "runtime"}
+)
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)  # binds it in the package: later reads skip this
     if name not in _SOURCES:
-        raise AttributeError(f"module 'ignite_tbptt' has no attribute {name!r}")
+        raise AttributeError(f"module 'ignite_tbptt' has no attribute {name!r}", name=name, obj=sys.modules[__name__])
     value = getattr(importlib.import_module(f".{_SOURCES[name]}", __name__), name)
     globals()[name] = value  # later reads skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SOURCES))
+    return sorted(set(globals()) | set(_SOURCES) | _SUBMODULES)
 
 
 __all__ = [

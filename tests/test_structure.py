@@ -241,3 +241,25 @@ def test_the_architecture_page_names_every_module():
             assert path.name in page, f"docs/architecture.md does not name {path.relative_to(PACKAGE)}"
         elif "examples" in path.parts and path.name != "__init__.py":
             assert path.stem in page, f"docs/architecture.md does not name examples/{path.stem}"
+
+
+def test_the_package_root_imports_its_public_names_and_subpackages_on_first_use():
+    # ``import ignite_tbptt`` loads no torch, so that an example's --help answers at once; each public name, and each
+    # subpackage read as an attribute, loads when first read.
+    code = """
+import sys
+import ignite_tbptt
+before = "torch" in sys.modules
+from ignite_tbptt import create_tbptt_trainer, walk
+assert ignite_tbptt.engine.create_tbptt_trainer is create_tbptt_trainer
+assert ignite_tbptt.planning.walk is walk and ignite_tbptt.runtime.__name__ == "ignite_tbptt.runtime"
+assert set(ignite_tbptt.__all__) <= set(dir(ignite_tbptt)) and "engine" in dir(ignite_tbptt)
+try:
+    ignite_tbptt.create_tbptt_trainr
+except AttributeError as error:
+    assert error.name == "create_tbptt_trainr", error
+print(before)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

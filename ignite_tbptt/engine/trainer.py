@@ -383,7 +383,8 @@ def create_tbptt_trainer(
             ``"uncaptured"``: k2 != k1 (also for a handler's window source) or ``recompute``; when a run starts, a
             model sharded by FSDP2. ``cuda_graphs`` of another value.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
-            captured (a read from the device, or shapes from data, in the model or the loss), naming the fix.
+            captured (a read from the device, or shapes from data, in the model, the loss or ``target_count_fn``),
+            naming the fix.
         StateWrittenInPlace: (a ``RuntimeError``) during a run, if a model call wrote in place into the hidden
             state it was given, naming the tensor's path in the state, its shape, the segment and its window, before
             autograd's own error (:mod:`ignite_tbptt.runtime.in_place`).

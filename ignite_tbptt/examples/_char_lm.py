@@ -300,8 +300,7 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
         autocast_dtype=amp_dtype,
         scaler=args.amp == "fp16",
         device=device,
-        # Padding does not count in the mean. Training batches hold none (packed with drop_last, or a stream), so
-        # captured windows, which cannot read a count on the host, count every target.
+        # Padding does not count in the mean (captured windows count on the device and read the count after).
         target_count_fn=lambda y_pred, y: count_targets(y),
         cuda_graphs=args.cuda_graphs,
         deterministic=True,  # resumable mid-epoch: ignite's DeterministicEngine skips the batches already seen

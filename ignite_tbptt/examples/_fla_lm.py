@@ -134,8 +134,9 @@ class Trained:
 def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batches: Any) -> Trained:
     """Train for ``--steps`` optimizer steps, or until ``--seconds`` of training have passed, whichever comes first.
 
-    The seconds are the training's alone (the device's queue waited for at the end); the characters are the targets
-    of the batches trained on, padding left out.
+    The clock starts once the first batch has run (the device's queue waited for), so that the compiles and
+    autotuning of fla's Triton kernels, once per kernel and shape, do not count; it stops with the queue waited for
+    again. The characters are the targets of the batches trained on within that time, padding left out.
     """
     torch.manual_seed(args.seed)
     model = contender.build(vocab_size).to(args.device)
@@ -155,13 +156,16 @@ def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batch
         GradientClipping(model, max_norm=args.clip).attach(trainer)
     windows_per_batch = args.seq_len // args.k1
     iterations = math.ceil(args.steps / windows_per_batch)
-    characters = 0
-    start = time.perf_counter()
+    characters, start = 0, 0.0
 
     @trainer.on(Events.ITERATION_COMPLETED)
     def count_and_stop(engine: Any) -> None:
-        nonlocal characters
-        characters += int(count_targets(engine.state.batch[1]))  # the loader's batch, on the host: no device read
+        nonlocal characters, start
+        if engine.state.iteration == 1:
+            _wait_for(args.device)
+            start = time.perf_counter()
+        else:
+            characters += int(count_targets(engine.state.batch[1]))  # the loader's batch, on the host: no device read
         if engine.state.iteration >= iterations or (args.seconds and time.perf_counter() - start >= args.seconds):
             engine.terminate()
 
@@ -170,10 +174,14 @@ def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batch
         print(f"  iteration {engine.state.iteration}: {engine.state.output / LN2:.3f} bits/char", flush=True)
 
     state = trainer.run(batches, max_epochs=math.ceil(iterations / len(batches)))
-    if torch.device(args.device).type == "cuda":
-        torch.cuda.synchronize(args.device)
+    _wait_for(args.device)
     seconds = time.perf_counter() - start
     return Trained(model, seconds, state.iteration * windows_per_batch, characters, state.output / LN2)
+
+
+def _wait_for(device: Any) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def evaluate(

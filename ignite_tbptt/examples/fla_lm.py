@@ -136,8 +136,12 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse options that cannot go together, or a device fla cannot run on, with the fix, before anything loads."""
     if args.seq_len % args.k1:
         p.error(f"--seq-len {args.seq_len} must be a multiple of --k1 {args.k1}: windows then never span two calls.")
-    if args.hidden % args.heads:
-        p.error(f"--heads {args.heads} must divide --hidden {args.hidden}: pass --heads 4, or a --hidden it divides.")
+    # The heads split the keys: GLA's are half the width (fla's expand_k = 0.5), the others' all of it.
+    keys = args.hidden / 2 if args.arch == "gla" else args.hidden
+    if keys % args.heads:
+        what = f"half of --hidden ({keys:g}), GLA's key width" if args.arch == "gla" else f"--hidden {args.hidden}"
+        multiple = 2 * args.heads if args.arch == "gla" else args.heads
+        p.error(f"--heads {args.heads} must divide {what}: pass a --hidden that is a multiple of {multiple}.")
     if args.compare and args.reset_every_window:
         p.error("--compare trains the fla model both ways already: pass --reset-every-window without --compare.")
     if args.cuda_graphs and args.k2 != args.k1:

@@ -192,8 +192,9 @@ def job_attribute(module: str, name: str) -> Any:
     """
     if name.startswith("__"):  # the interpreter's and tools' own probes: not the job's
         raise AttributeError(name)
+    job = importlib.import_module(module)  # outside the try: an error while the job loads must show as itself
     try:
-        return getattr(importlib.import_module(module), name)
+        return getattr(job, name)
     except AttributeError:
         raise AttributeError(f"module {module.replace('._', '.')!r} has no attribute {name!r}") from None
 

@@ -151,9 +151,12 @@ class WindowProgram:
         executor = self.executor
         y_pred, hidden_out = executor.model_call(self.x, self.tree, None, False, self.starts)
         rule = executor.loss  # the eager executor's rule: the same operations, so the same gradients
-        # target_count_fn's count stays on the device here (a 0-dim tensor, or an int fixed by the shapes), and is
-        # read once the window has run. Without targets the mean is NaN (0 / 0) and its gradients are not added.
-        count = None if executor.target_count_fn is None else executor.target_count_fn(y_pred, self.y)
+        # target_count_fn's count stays on the device here (a tensor, or an int fixed by the shapes), and is read
+        # once the window has run. As a 0-dim integer, as the eager path's int() makes it: the same multiplication.
+        # Without targets the mean is NaN (0 / 0) and its gradients are not added.
+        count = None
+        if executor.target_count_fn is not None:
+            count = torch.as_tensor(executor.target_count_fn(y_pred, self.y)).reshape(()).long()
         mean = rule.mean(y_pred, self.y, self.targets)
         root = rule.root(rule.backpropagated(mean, self.targets if count is None else count, self.backward_mean))
         window_grads = torch.autograd.grad(root, executor.trained, allow_unused=True)

@@ -84,7 +84,11 @@ REFUSED = {
             "argument --arch: invalid choice: 'rwkv7' (choose from ",  # the choices' quotes vary with Python
         ),
         (["--seq-len", "100"], "--seq-len 100 must be a multiple of --k1 64"),
-        (["--heads", "3"], "--heads 3 must divide --hidden 64: pass --heads 4, or a --hidden it divides."),
+        (["--heads", "3"], "--heads 3 must divide --hidden 64: pass a --hidden that is a multiple of 3."),
+        (
+            ["--arch", "gla", "--hidden", "36"],
+            "--heads 4 must divide half of --hidden (18), GLA's key width: pass a --hidden that is a multiple of 8.",
+        ),
         (["--compare", "--reset-every-window"], "--compare trains the fla model both ways already"),
         (["--cuda-graphs", "--k2", "128"], "--cuda-graphs captures k1 = k2 windows: pass --k2 64"),
         (["--device", "cpu"], "--device cpu: fla's kernels are Triton kernels, which run on a CUDA device only"),
