@@ -26,6 +26,7 @@ from ignite_tbptt.models import fla_model_fn, fla_reset_hidden, mamba2_model_fn,
 
 from . import _mamba_lm
 from ._char_lm import LN2, CharLSTM, cross_entropy
+from .options import torch_threads
 
 __all__ = ["ARCHITECTURES", "Contender", "build_model", "contenders", "train", "evaluate", "run"]
 
@@ -203,12 +204,8 @@ def run(args: argparse.Namespace) -> dict:
 
     Runs on ``args.threads`` of torch's CPU threads where given, and gives torch back its own number after.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads or threads)
-    try:
+    with torch_threads(args.threads):
         return compare(args) if args.compare else train_and_evaluate(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _header(args: argparse.Namespace, train_batches: Any, predicted: int, unigram: float) -> str:

@@ -25,6 +25,7 @@ from ignite_tbptt.data import pack_sequences, prepare_batch
 from ignite_tbptt.models import check_mamba2_schedule, mamba2_model_fn, mamba2_reset_hidden
 
 from ._char_lm import LN2, Vocabulary, cross_entropy, split_documents, stdlib_documents
+from .options import torch_threads
 
 __all__ = ["build_model", "batch_major", "load_data", "train", "evaluate", "run"]
 
@@ -142,12 +143,8 @@ def run(args: argparse.Namespace) -> dict:
 
     Runs on ``args.threads`` of torch's CPU threads where given, and gives torch back its own number after.
     """
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.threads or threads)
-    try:
+    with torch_threads(args.threads):
         return train_and_evaluate(args)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def train_and_evaluate(args: argparse.Namespace) -> dict:

@@ -13,11 +13,13 @@ imported once the options are read: to check ``--device``, and to choose its def
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import math
 import os
 import sys
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +37,7 @@ __all__ = [
     "add_threads_option",
     "job_attribute",
     "busy_cores_note",
+    "torch_threads",
     "running_now",
     "tell_if_cores_are_busy",
 ]
@@ -182,6 +185,22 @@ def add_threads_option(p: argparse.ArgumentParser) -> None:
         help="torch's CPU threads (default: torch's, one per core); 1 where other processes share the cores: "
         "several threads spin while they wait for each other, which beside other jobs can be many times slower",
     )
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on ``threads`` of torch's CPU threads (``--threads``; None: torch's own), then restore them.
+
+    An example called from Python (a test, a notebook) leaves the caller's setting as it found it.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def job_attribute(module: str, name: str) -> Any:
