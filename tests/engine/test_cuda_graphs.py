@@ -473,3 +473,42 @@ def test_a_target_count_on_the_device_normalises_as_the_eager_trainer_does(devic
     # gradient is zero where it has no targets: the window of padding takes a step of zero gradients).
     uncounted, _, _ = train(True, data, **{**options, "target_count_fn": None, "loss": loss_fn})
     assert not all(torch.equal(p, q) for p, q in zip(eager.parameters(), uncounted.parameters()))
+
+
+def test_snntorch_neurons_keeping_their_membranes_in_attributes(device):
+    # The spiking example's network: snnTorch's Leaky(init_hidden=True) neurons, their membranes named by
+    # module_state. The heaviside spike and its surrogate gradient run in the program as in an eager call. In float32:
+    # snnTorch's spikes are float32 whatever the membrane's dtype.
+    pytest.importorskip("snntorch")
+    from ignite_tbptt.examples._spiking_vowels import STATE, SpikingSpeakerNet
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(100, 4, 12, generator=g).to(torch.get_default_device())
+    y = torch.randint(0, 9, (100, 4), generator=g).to(torch.get_default_device())
+    data = [(x[i : i + 25], y[i : i + 25]) for i in range(0, 100, 25)]
+    runs = []
+    original = window_programs.WindowProgram.__call__
+
+    def counted(self, *args):
+        runs.append(self)
+        return original(self, *args)
+
+    def trained(cuda_graphs):
+        torch.manual_seed(0)
+        model = SpikingSpeakerNet(hidden=16).to(torch.get_default_device())
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        trainer = create_tbptt_trainer(
+            model, optimizer, loss_fn, k1=5, carry_hidden=True, module_state=STATE, cuda_graphs=programs(cuda_graphs)
+        )
+        trainer.run(data, max_epochs=2)
+        return list(model.parameters())
+
+    eager = trained(False)
+    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
+        graphed_params = trained(True)
+    assert len(runs) == 40 - 2 - 1  # 5 windows a batch, 4 batches, 2 epochs of one stream each
+    for p, q in zip(eager, graphed_params):
+        if device.type == "cpu":
+            assert torch.equal(p, q)
+        else:  # captured kernels, float32
+            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
