@@ -39,6 +39,11 @@ def _steps(folder: Path) -> dict[str, tuple[str, int]]:
     }
 
 
+def _summaries(log: str) -> list[str]:
+    """pytest's summary lines in ``log`` ("3 passed, 1 skipped in 2.0s"), stripped of their rule."""
+    return [line.strip("= ") for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+
+
 def tests_section(folder: Path) -> str:
     parts, steps = [], _steps(folder)
     runs = (("tests", "the training tests"), ("graph-tests", "the CUDA-graph tests, in a pytest of their own"))
@@ -47,7 +52,7 @@ def tests_section(folder: Path) -> str:
         if log is None:
             parts.append(f"The check left no `{name}.log` ({what}).")
             continue
-        summary = [line.strip("= ") for line in log.splitlines() if re.search(r"\d+ (passed|failed)", line)]
+        summary = _summaries(log)
         # "FAILED tests/x.py::test[a b] - Error...": the name runs to " - " (parametrize ids may hold spaces); logged
         # "ERROR    ignite..." lines are no test's.
         failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+::.*?)(?: - .*)?$", log, re.MULTILINE)))
@@ -84,7 +89,7 @@ def fla_section(folder: Path) -> str:
     """The fla example's comparison (``python -m ignite_tbptt.examples.fla_lm --compare``) and its test run."""
     parts = []
     tests = _text(folder, "fla-tests.log")
-    summary = [line.strip("= ") for line in (tests or "").splitlines() if re.search(r"\d+ (passed|failed)", line)]
+    summary = _summaries(tests or "")
     parts.append(
         "`python -m pytest tests/models/test_fla.py tests/examples/test_fla_lm.py --device cuda`: "
         + (f"**{summary[-1]}**." if summary else "the check left no summary (`fla-tests.log`).")

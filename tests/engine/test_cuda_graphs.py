@@ -5,6 +5,7 @@ parameters bit for bit; under ``--device cuda`` they are captured and replayed (
 agree with the eager trainer to float64 rounding.
 """
 
+import contextlib
 import functools
 from unittest import mock
 
@@ -63,6 +64,14 @@ def train(
     trainer = create_tbptt_trainer(model, opt, loss, cuda_graphs=programs(cuda_graphs), **{"k1": 5, **options})
     for attach in handlers:
         attach(trainer)
+    with counting_programs() as runs:
+        trainer.run(data, max_epochs=epochs)
+    return model, trainer, len(runs)
+
+
+@contextlib.contextmanager
+def counting_programs():
+    """The window programs run inside the block, one entry per window, in order."""
     runs = []
     original = window_programs.WindowProgram.__call__
 
@@ -71,16 +80,20 @@ def train(
         return original(self, *args)
 
     with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
-        trainer.run(data, max_epochs=epochs)
-    return model, trainer, len(runs)
+        yield runs
+
+
+def assert_same_parameters(ps, qs, device, rtol=1e-12, atol=1e-12):
+    """Equal on the CPU (the same operations on the same values); captured kernels: within the tolerances."""
+    for p, q in zip(ps, qs, strict=True):
+        if device.type == "cpu":
+            assert torch.equal(p, q)
+        else:
+            torch.testing.assert_close(p, q, rtol=rtol, atol=atol)
 
 
 def assert_same(a, b, device):
-    for p, q in zip(a.parameters(), b.parameters()):
-        if device.type == "cpu":  # the same operations on the same values
-            assert torch.equal(p, q)
-        else:  # captured kernels, float64
-            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+    assert_same_parameters(a.parameters(), b.parameters(), device)
 
 
 @pytest.mark.parametrize("carry_hidden", [False, True])
@@ -364,26 +377,16 @@ def test_a_layer_caching_its_returned_state_in_an_attribute(device, lstm):
     # On a GPU the attribute would keep each eager window's, warm-up's or capture's graph into the next capture; 23
     # steps a batch make two window shapes, so two captures.
     data = batches(length=23)
-    runs = []
-    original = window_programs.WindowProgram.__call__
-
-    def counted(self, *args):
-        runs.append(self)
-        return original(self, *args)
 
     def adam(params):
         return torch.optim.Adam(params, lr=0.01)
 
     model = functools.partial(CachesItsState, lstm=lstm)
     eager = train_with(False, data, model, adam, carry_hidden=True)
-    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
+    with counting_programs() as runs:
         graphed_params = train_with(True, data, model, adam, carry_hidden=True)
     assert len({id(program) for program in runs}) == 2 and len(runs) > 20
-    for p, q in zip(eager, graphed_params):
-        if device.type == "cpu":
-            assert torch.equal(p, q)
-        else:
-            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+    assert_same_parameters(eager, graphed_params, device)
 
 
 class KeepsItsState(nn.Module):
@@ -407,12 +410,6 @@ def test_state_kept_in_the_models_attributes(device, starts):
     # The attribute is written from the program's static buffers and read back from the model after the call; at
     # a sequence start the trainer's reset zeroes the column's state in the tree the program copies in.
     data = with_window_starts(batches()) if starts else batches()
-    runs = []
-    original = window_programs.WindowProgram.__call__
-
-    def counted(self, *args):
-        runs.append(self)
-        return original(self, *args)
 
     def adam(params):
         return torch.optim.Adam(params, lr=0.01)
@@ -422,16 +419,12 @@ def test_state_kept_in_the_models_attributes(device, starts):
 
     options = {"carry_hidden": True, "module_state": ["h"], **({"reset_hidden": reset} if starts else {})}
     eager = train_with(False, data, KeepsItsState, adam, **options)
-    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
+    with counting_programs() as runs:
         graphed_params = train_with(True, data, KeepsItsState, adam, **options)
     # 5 windows a batch, 8 batches, a stream an epoch: each stream's first window and the run's second run eagerly,
     # the others as programs (the starts fall at windows' first steps, which a program resets as a mask).
     assert len(runs) == 40 - 2 - 1
-    for p, q in zip(eager, graphed_params):
-        if device.type == "cpu":
-            assert torch.equal(p, q)
-        else:
-            torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
+    assert_same_parameters(eager, graphed_params, device)
 
 
 def padded(data):
@@ -486,12 +479,6 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device):
     x = torch.randn(100, 4, 12, generator=g).to(torch.get_default_device())
     y = torch.randint(0, 9, (100, 4), generator=g).to(torch.get_default_device())
     data = [(x[i : i + 25], y[i : i + 25]) for i in range(0, 100, 25)]
-    runs = []
-    original = window_programs.WindowProgram.__call__
-
-    def counted(self, *args):
-        runs.append(self)
-        return original(self, *args)
 
     def trained(cuda_graphs):
         torch.manual_seed(0)
@@ -504,11 +491,7 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device):
         return list(model.parameters())
 
     eager = trained(False)
-    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
+    with counting_programs() as runs:
         graphed_params = trained(True)
     assert len(runs) == 40 - 2 - 1  # 5 windows a batch, 4 batches, 2 epochs of one stream each
-    for p, q in zip(eager, graphed_params):
-        if device.type == "cpu":
-            assert torch.equal(p, q)
-        else:  # captured kernels, float32
-            torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    assert_same_parameters(eager, graphed_params, device, rtol=1e-5, atol=1e-6)  # captured kernels: float32
