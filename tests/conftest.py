@@ -1,4 +1,4 @@
-"""The suite's options and fixtures: ``--device`` runs the tests on another device, and a free port for processes.
+"""The suite's options and fixtures: ``--device`` runs the tests on another device; a free port and gloo groups.
 
 ``python -m pytest --device cuda`` makes that device torch's default during every test of the layers that train
 (``tests/engine``, ``tests/handlers``, ``tests/runtime``, ``tests/data``, ``tests/planning``, ``tests/models``,
@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from .gloo import gloo  # noqa: F401 (the fixture: processes in one gloo group, kept for the session)
 
 # The folders whose tests train: they run on the --device.
 ON_DEVICE = {"engine", "handlers", "runtime", "data", "planning", "models", "examples"}

@@ -84,7 +84,8 @@ def run_all(
     results = list(done)
     path.parent.mkdir(parents=True, exist_ok=True)
     # A fresh process per run (spawned: no state shared with the parent) measures its own memory; the setting
-    # reaches the runs' processes only, for as long as the pool starts them.
+    # reaches the runs' processes only, for as long as the pool starts them. A quick run trains for a second, less
+    # than a process takes to start: quick runs share the pool's processes, each measured over what it started with.
     previous = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     os.environ["MALLOC_MMAP_THRESHOLD_"] = "65536"
     try:
@@ -100,7 +101,7 @@ def _run_in_pool(
     todo: list[dict], path: Path, workers: int, quick: bool, results: list[dict], run: Callable[..., dict]
 ) -> list[dict]:
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=1) as pool:
+    with ProcessPoolExecutor(workers, mp_context=context, max_tasks_per_child=None if quick else 1) as pool:
         futures = {
             pool.submit(run, r["task"], r["truncation"], r["lr"], r["seed"], r["budget"], quick): r for r in todo
         }

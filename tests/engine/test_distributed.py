@@ -43,18 +43,21 @@ def train_shard(local_rank, path):
 
         return call
 
+    originals = collectives.all_reduce, collectives.all_gather
     collectives.all_reduce, collectives.all_gather = counting("all_reduce"), counting("all_gather")
     width = BATCHES[0][0].shape[1] // size
     shard = [(x[:, rank * width : (rank + 1) * width], y[:, rank * width : (rank + 1) * width]) for x, y in BATCHES]
-    trainer.run(shard, max_epochs=EPOCHS)
+    try:
+        trainer.run(shard, max_epochs=EPOCHS)
+    finally:  # the process runs the next test's function too
+        collectives.all_reduce, collectives.all_gather = originals
     if rank == 0:
         torch.save({"params": [p.detach() for p in model.parameters()], "calls": calls}, path)
 
 
-def test_two_processes_on_shards_equal_one_process_on_the_whole_batch(tmp_path, free_port):
+def test_two_processes_on_shards_equal_one_process_on_the_whole_batch(tmp_path, gloo):
     path = tmp_path / "rank0.pt"
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(train_shard, path)
+    gloo().run(train_shard, path)
     result = torch.load(path)
 
     single, trainer = build(seed=0)
@@ -83,10 +86,9 @@ def train_uneven(local_rank, path):
         torch.save(str(error), path.with_suffix(f".{rank}"))
 
 
-def test_processes_with_different_numbers_of_batches_all_raise_naming_the_counts(tmp_path, free_port):
+def test_processes_with_different_numbers_of_batches_all_raise_naming_the_counts(tmp_path, gloo):
     started = time.monotonic()
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(train_uneven, tmp_path / "error")
+    gloo().run(train_uneven, tmp_path / "error")
     assert time.monotonic() - started < 60
     for rank in (0, 1):  # both processes raise, at the first optimizer step
         message = torch.load(tmp_path / f"error.{rank}")
@@ -125,10 +127,9 @@ def train_packed(local_rank, path):
         torch.save([p.detach() for p in model.parameters()], path)
 
 
-def test_uneven_documents_packed_on_two_processes_train_as_one_process_on_all_columns(tmp_path, free_port):
+def test_uneven_documents_packed_on_two_processes_train_as_one_process_on_all_columns(tmp_path, gloo):
     path = tmp_path / "rank0.pt"
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(train_packed, path)
+    gloo().run(train_packed, path)
     single, trainer = build_lm()
     trainer.run(pack_sequences(DOCUMENTS, batch_size=4, length=6), max_epochs=2)
     for p, q in zip(single.parameters(), torch.load(path), strict=True):

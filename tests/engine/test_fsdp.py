@@ -5,8 +5,6 @@ each forward and backward pass and reduce-scatters the gradients. At k2 > k1 a s
 step is backpropagated with the weights it ran with, gathered from the shards its version kept.
 """
 
-import gc
-
 import ignite.distributed as idist
 import pytest
 import torch
@@ -31,17 +29,6 @@ def shard(model, **options):
     for layer in (model.inp, model.rnn, model.head):
         fully_shard(layer, **options)
     fully_shard(model, **options)
-
-
-def in_process(local_rank, train, *args):
-    """Run ``train`` in a process of the group, then free what it made while the group is alive.
-
-    FSDP2 keeps its last asynchronous collectives' work objects on the model; freed only at the interpreter's exit,
-    after the group, gloo's threads now and then abort the process ("terminate called without an active exception").
-    The trainer holds the model in reference cycles, so the collector must run.
-    """
-    train(local_rank, *args)
-    gc.collect()
 
 
 def build(sharded, k1, k2, accumulation, clip, recompute=None):
@@ -75,7 +62,10 @@ def train_shard(local_rank, path, k1, k2, accumulation, clip, starts, recompute)
     batches = with_starts(BATCHES) if starts else BATCHES
     width = BATCHES[0][0].shape[1] // size
     columns = slice(rank * width, (rank + 1) * width)
-    trainer.run([tuple(t[:, columns] for t in batch) for batch in batches], max_epochs=2)
+    try:
+        trainer.run([tuple(t[:, columns] for t in batch) for batch in batches], max_epochs=2)
+    finally:  # the process runs the next test's function too
+        weight_versions.gathered = gathered
     params = [p.full_tensor().detach() for p in model.parameters()]  # a collective: every process takes part
     if rank == 0:
         torch.save({"params": params, "gathers": len(gathers)}, path)
@@ -92,13 +82,10 @@ def train_shard(local_rank, path, k1, k2, accumulation, clip, starts, recompute)
     ],
     ids=["k1=k2, accumulation", "k2>k1, clipping, starts", "k1=1, k2=4", "recompute", "4 processes, k2>k1"],
 )
-def test_sharded_training_equals_one_process(
-    tmp_path, free_port, processes, k1, k2, accumulation, clip, starts, recompute
-):
+def test_sharded_training_equals_one_process(tmp_path, gloo, processes, k1, k2, accumulation, clip, starts, recompute):
     path = tmp_path / "rank0.pt"
     options = (k1, k2, accumulation, clip, starts, recompute)
-    with idist.Parallel(backend="gloo", nproc_per_node=processes, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(in_process, train_shard, path, *options)
+    gloo(processes).run(train_shard, path, *options)
     result = torch.load(path)
     single, trainer = build(False, k1, k2, accumulation, clip, recompute)
     trainer.run(with_starts(BATCHES) if starts else BATCHES, max_epochs=2)
@@ -131,12 +118,11 @@ def mixed_trainer(model, autocast_dtype=None):
     return create_tbptt_trainer(model, optimizer, loss, 3, 7, carry_hidden=True, autocast_dtype=autocast_dtype)
 
 
-def test_bfloat16_parameters_through_fsdp2s_mixed_precision_policy(tmp_path, free_port):
+def test_bfloat16_parameters_through_fsdp2s_mixed_precision_policy(tmp_path, gloo):
     # bfloat16 parameters in the forward and backward passes, float32 reduction and optimizer: within bfloat16's
     # rounding (8 bits of mantissa, 4e-3 relative) of float32 training, retained segments across steps included.
     for autocast in (False, True):
-        with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-            p.run(in_process, train_mixed, tmp_path / f"autocast-{autocast}.pt", autocast)
+        gloo().run(train_mixed, tmp_path / f"autocast-{autocast}.pt", autocast)
     torch.manual_seed(0)
     single = Net()
     mixed_trainer(single).run([(x.float(), y) for x, y in BATCHES], max_epochs=2)
@@ -179,10 +165,9 @@ def train_resumed(local_rank, folder, mode):
         torch.save(params, folder / f"{mode}.pt")
 
 
-def test_a_sharded_run_resumes_mid_epoch_from_its_checkpoint_as_if_uninterrupted(tmp_path, free_port):
+def test_a_sharded_run_resumes_mid_epoch_from_its_checkpoint_as_if_uninterrupted(tmp_path, gloo):
     for mode in ("whole", "interrupted", "resumed"):
-        with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-            p.run(in_process, train_resumed, tmp_path, mode)
+        gloo().run(train_resumed, tmp_path, mode)
     whole, resumed = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "resumed.pt")
     for p, q in zip(whole, resumed):
         assert torch.equal(p, q)
@@ -216,10 +201,9 @@ def refuse(local_rank, path, what):
         ("adaptive", "AdaptiveTruncation with a model sharded by FSDP2: each process would choose its own windows"),
     ],
 )
-def test_what_cannot_work_with_a_sharded_model_is_refused_when_the_run_starts(tmp_path, free_port, what, message):
+def test_what_cannot_work_with_a_sharded_model_is_refused_when_the_run_starts(tmp_path, what, message, gloo):
     path = tmp_path / "error.txt"
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(in_process, refuse, path, what)
+    gloo().run(refuse, path, what)
     assert message in path.read_text()
 
 
@@ -242,10 +226,9 @@ def train_uneven(local_rank, path, starts):
 
 @pytest.mark.parametrize("starts", [False, True], ids=["no starts", "starts on one process"])
 def test_batches_of_different_lengths_on_the_processes_are_refused_on_every_process_before_any_call(
-    tmp_path, free_port, starts
+    tmp_path, gloo, starts
 ):
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(in_process, train_uneven, tmp_path / "error", starts)
+    gloo().run(train_uneven, tmp_path / "error", starts)
     for rank in (0, 1):
         unchanged, message = (tmp_path / f"rank{rank}.txt").read_text().split("\n", 1)
         assert unchanged == "True"
@@ -287,12 +270,11 @@ def train_padded(local_rank, path):
         torch.save(params, path)
 
 
-def test_a_segment_of_padding_only_on_one_process_still_makes_its_backward_calls(tmp_path, free_port):
+def test_a_segment_of_padding_only_on_one_process_still_makes_its_backward_calls(tmp_path, gloo):
     # Segments [3, 6) and [6, 9) of the first two batches hold no target on the second process: it backpropagates a
     # zero loss there, so that its backward calls meet the first process's (each runs FSDP2's collectives), and
     # the two together train as one process on the whole batch.
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(in_process, train_padded, tmp_path / "params.pt")
+    gloo().run(train_padded, tmp_path / "params.pt")
     single, trainer = counted_trainer(False)
     trainer.run(padded(BATCHES), max_epochs=2)
     for p, q in zip(single.parameters(), torch.load(tmp_path / "params.pt")):
@@ -329,19 +311,17 @@ def train_xlstm(local_rank, path):
         torch.save(params, path)
 
 
-def test_xlstm_large_sharded_through_its_model_fn_trains_as_one_process(tmp_path, free_port):
+def test_xlstm_large_sharded_through_its_model_fn_trains_as_one_process(tmp_path, gloo):
     pytest.importorskip("xlstm")
     path = tmp_path / "rank0.pt"
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(in_process, train_xlstm, path)
+    gloo().run(train_xlstm, path)
     single, trainer = xlstm_trainer(sharded=False)
     trainer.run(XLSTM_BATCHES)
     # float32, the package's native kernels: the reductions' order differs, which Adam carries on.
     for p, q in zip(single.parameters(), torch.load(path)):
         torch.testing.assert_close(q, p.detach(), rtol=0, atol=1e-4)
     # Without the final norm sharded, its weight is never gathered: refused, naming the fix.
-    with idist.Parallel(backend="gloo", nproc_per_node=2, master_addr="127.0.0.1", master_port=free_port) as p:
-        p.run(in_process, train_ungathered, tmp_path / "error.txt")
+    gloo().run(train_ungathered, tmp_path / "error.txt")
     assert "Apply fully_shard to every part model_fn calls" in (tmp_path / "error.txt").read_text()
 
 
