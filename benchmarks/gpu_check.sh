@@ -101,7 +101,7 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
 # -v prints each test's outcome as it ends; the filter keeps the failures, so each is seen when it happens. The whole
 # output, tracebacks included, goes to $OUT/NAME-full.log. The CUDA-graph tests run in a pytest of their own: a
 # capture that fails can leave CUDA's random generator unusable in its process, failing every later test there.
-GRAPH_TESTS=tests/engine/test_cuda_graphs.py
+GRAPH_TESTS=(tests/engine/test_cuda_graphs.py tests/engine/test_step_programs.py)
 FLA_TEST=tests/models/test_fla.py  # fla's Triton kernels: a pytest of its own, one process (their compile cache)
 FLA_EXAMPLE_TEST=tests/examples/test_fla_lm.py
 on_device() {  # on_device NAME PYTEST-ARGS...: the command line of that pytest run, for bash -c
@@ -110,9 +110,9 @@ on_device() {  # on_device NAME PYTEST-ARGS...: the command line of that pytest 
     echo "$PYTHON -m pytest --device $DEVICE -p no:cacheprovider -o addopts= -v --tb=short -rfE $* \
         | tee $OUT/$name-full.log | grep -E --line-buffered 'FAILED|ERROR|passed|failed|error'; exit \${PIPESTATUS[0]}"
 }
-step tests bash -c "$(on_device tests "${PYTEST_EXTRA[@]}" "${TESTS[@]}" --ignore "$GRAPH_TESTS" --ignore "$FLA_TEST" \
-    --ignore "$FLA_EXAMPLE_TEST")"
-step graph-tests bash -c "$(on_device graph-tests "$GRAPH_TESTS")"
+step tests bash -c "$(on_device tests "${PYTEST_EXTRA[@]}" "${TESTS[@]}" "${GRAPH_TESTS[@]/#/--ignore=}" \
+    --ignore "$FLA_TEST" --ignore "$FLA_EXAMPLE_TEST")"
+step graph-tests bash -c "$(on_device graph-tests "${GRAPH_TESTS[@]}")"
 step fla-tests bash -c "$FLA_NEEDED$(on_device fla-tests "${FLA_TESTS[@]}")"
 step fla-example "$PYTHON" "${FLA_EXAMPLE[@]}"  # fla both ways, the main job's LSTM and Mamba2: 30 s each
 step table-float32 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \

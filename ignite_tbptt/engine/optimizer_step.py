@@ -15,8 +15,12 @@ is read at once (a read there waits for no queue) and a refused step raises befo
 accelerator, an optimizer that can skip its own step on the device (the fused ``SGD``, ``Adam`` and ``AdamW``:
 ``_step_supports_amp_scaling``, the protocol ``GradScaler`` uses) is handed the decision as a tensor,
 ``optimizer.found_inf``, so the check reads nothing back from the device; the decision sticks until it is read, so
-every later step is skipped too, and :meth:`OptimizerStep.failure` reads all of them at once, where the trainer
-reads its iteration's output anyway. Any other optimizer costs one read per step, before it steps.
+every later step is skipped too, and :meth:`OptimizerStep.take_failure` reads all of them at once, where the
+trainer reads its iteration's output anyway. Any other optimizer costs one read per step, before it steps.
+
+With window programs (``cuda_graphs``), a step of such an optimizer runs as a step program
+(:mod:`ignite_tbptt.runtime.step_programs`): the same operations, captured in a CUDA graph on a GPU, its decision
+kept on the device on the CPU too.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..runtime import divide_and_check, profiling, skips_on_device
+from ..runtime import StepHandlers, StepProgram, StepPrograms, divide_and_check, profiling, skips_on_device
 from . import distributed
 
 __all__ = ["OptimizerStep"]
@@ -45,8 +49,17 @@ class OptimizerStep:
     #: accelerator.
     reads_cpu_decisions = True
 
-    def __init__(self, optimizer: Any, scaler: torch.amp.GradScaler | None, accumulation: int) -> None:
+    def __init__(
+        self,
+        optimizer: Any,
+        scaler: torch.amp.GradScaler | None,
+        accumulation: int,
+        programs: StepPrograms | None = None,
+    ) -> None:
         self.optimizer, self.scaler, self.accumulation = optimizer, scaler, accumulation
+        #: The step programs, with window programs (``None`` without): steps they can run, they run.
+        self.programs = programs
+        self._program: tuple[StepProgram, tuple[int, int, int, int, int]] | None = None  # the prepared step's
         self.accumulated = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
         self.backward_mean = False  # their one window backpropagated its mean loss: the gradients are divided
@@ -59,6 +72,7 @@ class OptimizerStep:
         self._clears_directly = _torchs_zero_grad(optimizer)
         # Device decisions not yet read, with the position of their step.
         self._found_inf: list[tuple[torch.Tensor, tuple[int, int, int, int, int]]] = []
+        self._eager_decision = False  # the last of them is an eager step's, not yet in the step programs' buffer
         self._due: torch.Tensor | None = None  # the decision of the prepared step, handed to the optimizer
         self._finite: torch.Tensor | None = None  # a decision read as 0.0, set in place by the next check read at once
 
@@ -76,6 +90,7 @@ class OptimizerStep:
         self.accumulated = self.targets = 0
         self.backward_mean = False
         self._due = None
+        self._program = None
 
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients (``zero_grad()``, to ``None``)."""
@@ -106,13 +121,16 @@ class OptimizerStep:
         device = params[0].device if params else torch.device("cpu")
         return distributed.synchronise(position, targets, device)
 
-    def prepare(self, position: tuple[int, int, int, int, int]) -> int:
+    def prepare(self, position: tuple[int, int, int, int, int], handlers: StepHandlers | None = None) -> int:
         """Make the accumulated gradients final: summed over processes, unscaled, divided and checked.
 
         Args:
             position: where the run is, ``(epoch_length or -1, epoch, iteration, window, step)`` with ``step`` the one
                 about to be taken (counted from 1): named by the error for a refused step, and shared by every
                 process of a distributed run (:func:`~ignite_tbptt.engine.distributed.synchronise`).
+            handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, where the step may run as a step program (window
+                programs, no retained segment); ``None`` for an eager step. :attr:`in_program` says whether it does:
+                then the handlers ``on_device`` run inside :meth:`apply`, and the others must run before it.
 
         Returns:
             The step's target count over all processes; 0 if it has none (only padding), and then the step must
@@ -133,6 +151,8 @@ class OptimizerStep:
         if not targets:
             return 0
         divisor = 1 if backward_mean else targets
+        if handlers is not None and self._in_program(divisor, handlers, position):
+            return targets
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         grads = [g for group in self.optimizer.param_groups for p in group["params"] if (g := p.grad) is not None]
@@ -144,6 +164,7 @@ class OptimizerStep:
                 found_inf = self._found_inf
                 self._due = divide_and_check(grads, divisor, found_inf[-1][0] if found_inf else None)
                 found_inf.append((self._due, position))
+                self._eager_decision = self.programs is not None
             else:
                 try:
                     refused = divide_and_check(grads, divisor, into=self._finite_on(grads[0])).item()  # one read
@@ -154,6 +175,26 @@ class OptimizerStep:
                     self._finite = None
                     raise _non_finite(_where(position))
         return targets
+
+    def _in_program(self, divisor: int, handlers: StepHandlers, position: tuple[int, int, int, int, int]) -> bool:
+        # A step program, where one can run it: one process, no profiler (whose ranges it would not show).
+        programs = self.programs
+        if programs is None or not programs.supported or self.distributed or profiling():
+            return False
+        program = programs.program(divisor, handlers)
+        if program is None:
+            return False
+        if self._eager_decision:  # the last step was eager and refused steps refuse every later one: carried on
+            programs.found.copy_(self._found_inf[-1][0])
+            self._eager_decision = False
+        self._program = program, position
+        program.divide()
+        return True
+
+    @property
+    def in_program(self) -> bool:
+        """Whether the prepared step runs as a step program."""
+        return self._program is not None
 
     def _finite_on(self, grad: torch.Tensor) -> torch.Tensor:
         # The decision to check into when it is read at once: kept while it reads 0.0, so a step allocates nothing.
@@ -168,6 +209,12 @@ class OptimizerStep:
         Returns:
             Whether the ``GradScaler`` found inf/NaN and skipped the step (always False without a scaler).
         """
+        if self._program is not None:
+            (program, position), self._program = self._program, None
+            program.step()
+            if self.scaler is None:  # its decision, kept for take_failure(): the buffer goes on to the next step
+                self._found_inf.append((self.programs.found.clone(), position))
+            return False  # the scaler's decision is not read: no retained segment needs the history cut
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             skipped = self._scaler_skipped()
@@ -201,6 +248,9 @@ class OptimizerStep:
     def forget_failure(self) -> None:
         """Forget the device's decisions on the steps taken so far, unread (an interrupted run's)."""
         self._found_inf = []
+        self._eager_decision = False
+        if self.programs is not None:
+            self.programs.forget_failure()
 
     def take_failure(self) -> FloatingPointError | None:
         """Read the device's decisions on the steps taken since the last call (one read), and forget them.
@@ -212,10 +262,13 @@ class OptimizerStep:
         if not self._found_inf:
             return None
         decisions, self._found_inf = self._found_inf, []
+        self._eager_decision = False
         # A refused step refuses every later one, so the last decision says whether any was refused: one value read,
         # and all of them only when some step was refused, to name the first.
         if not decisions[-1][0].item():
             return None
+        if self.programs is not None:
+            self.programs.forget_failure()
         refused = torch.stack([found for found, _ in decisions]).tolist()
         first = next((position for value, (_, position) in zip(refused, decisions) if value), None)
         return None if first is None else _non_finite(_where(first), later_skipped=True)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import ignite.distributed as idist
@@ -17,6 +19,8 @@ from ..runtime import (
     Execution,
     ModelCall,
     RetainedHistory,
+    StepHandler,
+    StepHandlers,
     is_sharded,
     join_along,
     reduce_gradients_by_sum,
@@ -320,11 +324,12 @@ _STARTED, _TIME_STARTED, _STEP_STARTED, _STEP_COMPLETED, _COMPLETED, _TIME_COMPL
 class _EngineListener:
     """Turns what the stream loop reports into ``engine.state`` and ignite's events (the loop's ``LoopListener``)."""
 
-    __slots__ = ("engine", "step", "events")
+    __slots__ = ("engine", "step", "events", "_step_handlers")
 
     def __init__(self, engine: Engine, step: TBPTTStep) -> None:
         self.engine, self.step = engine, step
         self.events = EventFiring(engine, _WINDOW_EVENTS)
+        self._step_handlers: tuple[list, StepHandlers] | None = None  # the handler entries they were made from
 
     def window_started(self) -> int:
         state = self.engine.state
@@ -347,12 +352,22 @@ class _EngineListener:
         length = state.epoch_length if state.epoch_length is not None else -1
         return length, state.epoch, state.iteration, state.window, state.optimizer_step + 1
 
-    def step_started(self, targets: int) -> None:
+    def step_handlers(self) -> StepHandlers:
+        entries = self.events.handlers[_STEP_STARTED]
+        if self._step_handlers is None or self._step_handlers[0] != entries:
+            self._step_handlers = (list(entries), _step_handlers(self.engine, entries))
+        return self._step_handlers[1]
+
+    def step_started(self, targets: int, in_program: int = 0) -> None:
         state = self.engine.state
         state.step_targets = targets
         state.optimizer_step += 1
-        if self.events.handlers[_STEP_STARTED]:
-            self.events.fire(_STEP_STARTED)
+        handlers = self.events.handlers[_STEP_STARTED]
+        if len(handlers) > in_program:
+            if in_program:
+                self.events.fire_first(_STEP_STARTED, len(handlers) - in_program)
+            else:
+                self.events.fire(_STEP_STARTED)
 
     def step_completed(self) -> None:
         if self.events.handlers[_STEP_COMPLETED]:
@@ -375,6 +390,23 @@ class _EngineListener:
             events.fire(_COMPLETED)
         if time_completed:
             events.fire(_TIME_COMPLETED)
+
+
+def _step_handlers(engine: Engine, entries: list) -> StepHandlers:
+    # The last handlers of OPTIMIZER_STEP_STARTED that have a device part and a host part, attached without a filter
+    # or arguments of their own (ignite keeps such a handler as itself, given the engine): they may run inside a step
+    # program, in their order, after the others.
+    inside: list[StepHandler] = []
+    for func, args, kwargs in reversed(entries):
+        if kwargs or len(args) != 1 or not isinstance(args[0], weakref.ref) or not _in_step(func):
+            break
+        inside.append(StepHandler(partial(func.device_part, engine), partial(func.host_part, engine), id(func)))
+    inside.reverse()
+    return StepHandlers(tuple(inside), len(inside) < len(entries))
+
+
+def _in_step(func: Any) -> bool:
+    return callable(getattr(func, "device_part", None)) and callable(getattr(func, "host_part", None))
 
 
 def _zero_counters(engine: Engine) -> None:

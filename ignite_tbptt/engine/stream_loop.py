@@ -23,6 +23,7 @@ from ..runtime import (
     LossSum,
     ModelCall,
     RetainedHistory,
+    StepHandlers,
     StreamState,
     build_executor,
     check_resettable,
@@ -73,8 +74,14 @@ class LoopListener(Protocol):
     def position(self) -> tuple[int, int, int, int, int]:
         """Where the run is: ``(epoch_length or -1, epoch, iteration, window, optimizer step about to be taken)``."""
 
-    def step_started(self, targets: int) -> None:
-        """The gradients of an optimizer step over ``targets`` targets are final; the step comes next."""
+    def step_handlers(self) -> StepHandlers:
+        """The handlers of the step's start, as a step program sees them: the last ones may run inside it."""
+
+    def step_started(self, targets: int, in_program: int = 0) -> None:
+        """The gradients of an optimizer step over ``targets`` targets are final; the step comes next.
+
+        The last ``in_program`` handlers of the step's start run inside the step program, not here.
+        """
 
     def step_completed(self) -> None:
         """The optimizer stepped (or the scaler skipped the step)."""
@@ -122,8 +129,15 @@ class StreamLoop:
         history = RetainedHistory(model_call, optimizer_step.parameters, None, recompute is not None)
         self.stream = StreamState(history)
         loss = LossRule(loss_fn, model_call, optimizer_step.scaler)
+        programs = optimizer_step.programs
         self.executor = build_executor(
-            execution, model_call, loss, self.stream, target_count_fn, optimizer_step.parameters
+            execution,
+            model_call,
+            loss,
+            self.stream,
+            target_count_fn,
+            optimizer_step.parameters,
+            programs.gradients if programs is not None else None,
         )
         self.use_source(source)
         #: The model has parameters sharded by FSDP2 and runs in a distributed group (:meth:`start_run`).
@@ -325,13 +339,16 @@ class StreamLoop:
             self.failed = error
 
     def _step(self) -> None:
-        targets = self.optimizer_step.prepare(self.listener.position())
+        step, listener = self.optimizer_step, self.listener
+        # A step program needs no retained segment: the weights they ran with are versions counted on the host.
+        handlers = listener.step_handlers() if step.programs is not None and not self.history.segments else None
+        targets = step.prepare(listener.position(), handlers)
         if not targets:
             return
-        self.listener.step_started(targets)
-        if self.optimizer_step.apply():  # the scaler skipped it: cut the history there
+        listener.step_started(targets, len(handlers.on_device) if step.in_program else 0)
+        if step.apply():  # the scaler skipped it: cut the history there
             self.stream.recover()
-        self.listener.step_completed()
+        listener.step_completed()
 
     def end_stream(self) -> None:
         """Close the open window and apply the windows not yet applied; the stream starts afresh after."""

@@ -13,7 +13,15 @@ from ..checks import callable_or_none, positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..layout import Layout
 from ..planning import Schedule, WindowSource
-from ..runtime import Execution, build_model_call, default_model_fn, default_reset_hidden, device_type_of
+from ..runtime import (
+    Execution,
+    GraphCapture,
+    StepPrograms,
+    build_model_call,
+    default_model_fn,
+    default_reset_hidden,
+    device_type_of,
+)
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .optimizer_step import OptimizerStep
 from .process import TBPTTStep
@@ -76,7 +84,7 @@ def tbptt_training_step(
     recompute = None if recompute is None else positive_int("recompute", recompute, "steps per rebuilt segment")
     device_type = device_type_of(model, device)
     execution = _execution(cuda_graphs, device_type, recompute)
-    optimizer_step = OptimizerStep(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation)
+    optimizer_step = _optimizer_step(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation, execution)
     model_call = build_model_call(
         model,
         model_fn,
@@ -104,6 +112,14 @@ def tbptt_training_step(
         recompute=recompute,
         execution=execution,
     )
+
+
+def _optimizer_step(optimizer: Any, scaler: Any, accumulation: int, execution: Execution) -> OptimizerStep:
+    # With window programs, the optimizer step runs as a program too where it can.
+    programs = None
+    if execution is not Execution.EAGER:
+        programs = StepPrograms(optimizer, scaler, GraphCapture() if execution is Execution.CUDA_GRAPHS else None)
+    return OptimizerStep(optimizer, scaler, accumulation, programs)
 
 
 def _execution(cuda_graphs: Any, device_type: str, recompute: Any) -> Execution:

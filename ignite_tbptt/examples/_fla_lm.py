@@ -143,7 +143,7 @@ def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batch
     model = contender.build(vocab_size).to(args.device)
     trainer = create_tbptt_trainer(
         model,
-        torch.optim.Adam(model.parameters(), lr=args.lr),
+        torch.optim.Adam(model.parameters(), lr=args.lr, fused=True if args.cuda_graphs else None),  # a captured step
         cross_entropy,
         args.k1,
         args.k2,

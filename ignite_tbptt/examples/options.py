@@ -172,7 +172,8 @@ def add_cuda_graphs_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="capture each k1 = k2 window in a CUDA graph once per shape and replay it (a CUDA device, k2 = k1)",
+        help="capture each k1 = k2 window in a CUDA graph once per shape and replay it, and the optimizer's step "
+        "after it (a fused optimizer; a CUDA device, k2 = k1)",
     )
 
 

@@ -32,14 +32,29 @@ def gradient_norm(engine: Engine, parameters: Iterable[torch.Tensor], norm_type:
     """
     stamp = (engine.state.optimizer_step, float(norm_type))
     if getattr(engine.state, "grad_norm_stamp", None) != stamp:
-        grads = [p.grad for p in parameters if p.grad is not None]
-        if grads:
-            norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads])
-            engine.state.grad_norm = torch.linalg.vector_norm(norms, norm_type)
-        else:
-            engine.state.grad_norm = torch.zeros(())
+        engine.state.grad_norm = total_norm(parameters, norm_type)
         engine.state.grad_norm_stamp = stamp
     return engine.state.grad_norm
+
+
+def keep_norm(engine: Engine, norm: torch.Tensor, norm_type: float = 2.0) -> None:
+    """After a step program: ``norm`` in ``engine.state.grad_norm``, unless a handler before kept this step's norm.
+
+    What :func:`gradient_norm` leaves, for the handlers that ran inside the step program and computed the norm there
+    (``device_part``): the first of them keeps it, as the first to ask does eagerly.
+    """
+    stamp = (engine.state.optimizer_step, float(norm_type))
+    if getattr(engine.state, "grad_norm_stamp", None) != stamp:
+        engine.state.grad_norm, engine.state.grad_norm_stamp = norm, stamp
+
+
+def total_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
+    """The total ``norm_type``-norm of the parameters' gradients, as ``clip_grad_norm_`` computes it (0 without any)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norms = torch.stack([torch.linalg.vector_norm(g, norm_type) for g in grads])
+    return torch.linalg.vector_norm(norms, norm_type)
 
 
 class GradientClipping:
@@ -51,6 +66,10 @@ class GradientClipping:
     before clipping in ``engine.state.grad_norm`` (a 0-dim tensor). On a step whose gradients hold inf or NaN
     (which the ``GradScaler`` will skip) the gradients are left as they are, so no clipping turns an overflow
     into a finite step.
+
+    With window programs (``cuda_graphs``), it runs inside the optimizer step's program, captured in its CUDA
+    graph on a GPU, where it is the last handler of ``OPTIMIZER_STEP_STARTED`` (or only such handlers follow it):
+    its operations never read the device.
 
     Args:
         parameters: a module, an iterable of parameters, or a callable returning them.
@@ -91,9 +110,26 @@ class GradientClipping:
         """Clip the gradients of the step about to be taken."""
         params = [p for p in self.parameters() if p.grad is not None]
         norm = gradient_norm(engine, params, self.norm_type)
-        if not params:
-            return
-        grads = [p.grad for p in params]
+        if params:
+            self._clip([p.grad for p in params], norm)
+
+    def device_part(self, engine: Engine) -> torch.Tensor:
+        """Inside a step program (``cuda_graphs``): the norm and the clipping, device operations only; the norm.
+
+        The norm is computed here, not taken from ``engine.state``: a captured step reads nothing the host made
+        for one step only.
+        """
+        params = [p for p in self.parameters() if p.grad is not None]
+        norm = total_norm(params, self.norm_type)
+        if params:
+            self._clip([p.grad for p in params], norm)
+        return norm
+
+    def host_part(self, engine: Engine, norm: torch.Tensor) -> None:
+        """After a step program: ``engine.state.grad_norm`` as :meth:`__call__` leaves it."""
+        keep_norm(engine, norm, self.norm_type)
+
+    def _clip(self, grads: list[torch.Tensor], norm: torch.Tensor) -> None:
         finite = torch.isfinite(norm)
         if self.max_norm is not None:
             coef = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)

@@ -15,7 +15,7 @@ from ignite.handlers.tensorboard_logger import OptimizerParamsHandler
 
 from ..checks import positive_int
 from ..engine import DeterministicTBPTTEngine, TBPTTEngine, TBPTTEvents, TBPTTStep
-from .gradient_clipping import gradient_norm
+from .gradient_clipping import gradient_norm, keep_norm, total_norm
 
 __all__ = ["attach_tensorboard"]
 
@@ -103,6 +103,22 @@ def _learned(engine: Engine, window: int, every: int) -> bool:
     return window % every == 0 and engine.state.window_targets > 0
 
 
+class _GradientNorm:
+    """``engine.state.grad_norm`` at every optimizer step; inside the step program with window programs."""
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+
+    def __call__(self, engine: Engine) -> None:
+        gradient_norm(engine, self.params)
+
+    def device_part(self, engine: Engine) -> torch.Tensor:
+        return total_norm(self.params)
+
+    def host_part(self, engine: Engine, norm: torch.Tensor) -> None:
+        keep_norm(engine, norm)
+
+
 def attach_tensorboard(
     trainer: TBPTTEngine | DeterministicTBPTTEngine,
     logger: str | Path | TensorboardLogger,
@@ -174,7 +190,7 @@ def attach_tensorboard(
 
     tbptt = TBPTTStep.of(trainer, "attach_tensorboard")
     params = tbptt.parameters()
-    trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, lambda engine: gradient_norm(engine, params))
+    trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, _GradientNorm(params))
     telemetry = _Telemetry(trainer, tbptt)
     trainer.add_event_handler(Events.STARTED, telemetry.started)
     window_event = TBPTTEvents.WINDOW_COMPLETED(every=every)

@@ -17,6 +17,7 @@ from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
 from .compiled import retainable
 from .executor import SegmentExecutor, SegmentResult
 from .gradients import divide_and_check, skips_on_device
+from .graph_capture import GraphCapture, GraphCaptureError, Program
 from .hidden import cat as join_along
 from .in_place import StateWrittenInPlace
 from .loss_rule import LossRule
@@ -26,9 +27,10 @@ from .module_state import ModuleState, attributes_with_graph, check_attributes
 from .profiling import profiled, profiling
 from .reset import check_resettable, default_reset_hidden, reset_to
 from .sharded import is_sharded, reduce_gradients_by_sum
+from .step_programs import StaticGradients, StepHandler, StepHandlers, StepProgram, StepPrograms
 from .stream import StreamState
 from .weight_versions import ParameterVersions, WeightVersion
-from .window_programs import Execution, GraphCaptureError, ProgramExecutor, WindowProgram, build_executor
+from .window_programs import Execution, ProgramExecutor, WindowProgram, build_executor
 
 __all__ = [
     "SegmentExecutor",
@@ -61,6 +63,13 @@ __all__ = [
     "ProgramExecutor",
     "WindowProgram",
     "GraphCaptureError",
+    "GraphCapture",
+    "Program",
+    "StaticGradients",
+    "StepHandler",
+    "StepHandlers",
+    "StepProgram",
+    "StepPrograms",
     "LossRule",
     "profiled",
     "profiling",

@@ -32,7 +32,7 @@ def skips_on_device(optimizer: Any) -> bool:
 
 def divide_and_check(
     grads: list[torch.Tensor],
-    divisor: int,
+    divisor: int | torch.Tensor,
     earlier: torch.Tensor | None = None,
     *,
     into: torch.Tensor | None = None,
@@ -47,7 +47,8 @@ def divide_and_check(
 
     Args:
         grads: the gradients.
-        divisor: the target count, at least 1.
+        divisor: the target count, at least 1; or a float64 0-dim tensor holding it, on the gradients' device (a
+            step program's buffer: nothing is read from it on the host, and the same values result).
         earlier: a decision to carry over (a refused step refuses every later one), or ``None``; it is not changed.
         into: a float32 0-dim decision to set in place instead of a new one (it only ever goes from 0.0 to 1.0, so
             a caller may reuse one while it reads 0.0), or ``None``.
@@ -64,8 +65,9 @@ def divide_and_check(
     start = into if into is not None else earlier
     first = grads[0]
     cpu = first.is_cpu
+    divides = isinstance(divisor, torch.Tensor) or divisor != 1
     # Off the CPU a kernel launch per dtype, as GradScaler groups them: a mixed list would cost one per tensor.
-    if _alike(grads, first, cpu, divisor != 1 or not cpu) and (start is None or _same_device(start, first)):
+    if _alike(grads, first, cpu, divides or not cpu) and (start is None or _same_device(start, first)):
         # The usual case, one kernel: dense gradients on one device (of one dtype where it divides, or off the CPU).
         device = _CPU if cpu else first.device
         found = into if into is not None else earlier.clone() if earlier is not None else _zero(device).clone()
@@ -129,9 +131,17 @@ def _same_device(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.is_cpu and b.is_cpu or a.device == b.device
 
 
+def _inverse(device: torch.device, divisor: int | torch.Tensor) -> torch.Tensor:
+    # The kernel's inverse scale, rounded to float32 as the scaler's is: from a tensor divisor, on the device (1 / d
+    # in float64 then float32 gives the value torch.full makes from the same division in Python).
+    if isinstance(divisor, torch.Tensor):
+        return divisor.to(device).reciprocal().float()
+    return _inverse_of(device, divisor)
+
+
 @functools.lru_cache(maxsize=64)
-def _inverse(device: torch.device, divisor: int) -> torch.Tensor:
-    # The kernel's inverse scale, never written to: one tensor per device and target count, reused every step.
+def _inverse_of(device: torch.device, divisor: int) -> torch.Tensor:
+    # Never written to: one tensor per device and target count, reused every step.
     return torch.full((), 1.0 / divisor, device=device, dtype=torch.float32)
 
 

@@ -37,13 +37,15 @@ from torch.utils import _pytree as pytree
 from ..planning import SegmentPlan
 from . import hidden as hs
 from .executor import SegmentExecutor, SegmentResult
+from .graph_capture import GraphCapture, Program
 from .loss_rule import LossRule
 from .model_call import ModelCall
 from .module_state import repoint_caches
 from .profiling import profiling
+from .step_programs import StaticGradients
 from .stream import StreamState
 
-__all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram", "GraphCaptureError"]
+__all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram"]
 
 
 class Execution(enum.Enum):
@@ -64,17 +66,16 @@ def build_executor(
     stream: StreamState,
     target_count_fn: Callable[[Any, Any], int] | None,
     parameters: Callable[[], list[torch.Tensor]],
+    gradients: StaticGradients | None = None,
 ) -> SegmentExecutor:
-    """The executor ``execution`` names, over ``stream``; ``parameters``: the optimizer's, in its order."""
+    """The executor ``execution`` names, over ``stream``; ``parameters``: the optimizer's, in its order.
+
+    ``gradients``: the static ``.grad`` buffers the window programs share with the step programs.
+    """
     if execution is Execution.EAGER:
         return SegmentExecutor(model_call, loss, stream, target_count_fn)
-    return ProgramExecutor(
-        model_call, loss, stream, target_count_fn, parameters, capture=execution is Execution.CUDA_GRAPHS
-    )
-
-
-class GraphCaptureError(RuntimeError):
-    """A window could not be captured in a CUDA graph; the message says why and what to change."""
+    capture = execution is Execution.CUDA_GRAPHS
+    return ProgramExecutor(model_call, loss, stream, target_count_fn, parameters, capture=capture, gradients=gradients)
 
 
 class WindowProgram:
@@ -105,9 +106,7 @@ class WindowProgram:
         )
         self.backward_mean = backward_mean
         self.targets = y.numel()
-        self.runs = 0  # eager runs so far (warm-up, under capture)
-        self.graph: Any = None
-        self.outputs: tuple | None = None  # the captured run's static outputs, the window's gradients included
+        self.program = Program(self._body, executor.graphs, "the window")
 
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, hidden: Any, starts: torch.Tensor | None
@@ -126,21 +125,10 @@ class WindowProgram:
                 buffer.copy_(t)
             if self.starts is not None:
                 self.starts.copy_(starts)
-        executor = self.executor
-        if not executor.capture:
-            outputs, fresh = self._body(), True
-        elif self.graph is None and self.runs < executor.warmup:
-            self.runs += 1
-            outputs, fresh = executor.on_side_stream(self._body), True
-        else:
-            if self.graph is None:
-                self.graph, self.outputs = executor.captured(self._body)
-            self.graph.replay()
-            outputs, fresh = self.outputs, False
-        mean, hidden_out, y_pred, window_grads, count = outputs
+        (mean, hidden_out, y_pred, window_grads, count), fresh = self.program()
         targets = self.targets if count is None else int(count)  # read once the window has run, as an eager one
         if targets:
-            executor.add_window_gradients(window_grads, fresh)
+            self.executor.add_window_gradients(window_grads, fresh)
         if fresh:
             return mean, hidden_out, y_pred, targets
         # Fresh tensors: the next replay overwrites the static ones, and a handler may keep a window's values.
@@ -182,6 +170,7 @@ class ProgramExecutor(SegmentExecutor):
         parameters: the optimizer's parameters, in its order.
         capture: capture each program in a CUDA graph after ``warmup`` eager runs (on CUDA); else run the same
             program eagerly every window.
+        gradients: the parameters' static ``.grad`` buffers, shared with the step programs (a new set if ``None``).
         limit: the most window shapes given a program.
         warmup: eager runs of a program, on a side stream, before it is captured.
     """
@@ -197,16 +186,18 @@ class ProgramExecutor(SegmentExecutor):
         parameters: Callable[[], list[torch.Tensor]],
         *,
         capture: bool,
+        gradients: StaticGradients | None = None,
         limit: int = 8,
         warmup: int = 3,
     ) -> None:
         super().__init__(model_call, loss, stream, target_count_fn)
-        self.parameters, self.capture, self.limit, self.warmup = parameters, capture, limit, warmup
+        self.parameters, self.capture, self.limit = parameters, capture, limit
+        self.gradients = gradients if gradients is not None else StaticGradients()
+        #: What the programs' graphs share (``None`` uncaptured); the step programs use it too.
+        self.graphs = GraphCapture(warmup) if capture else None
         self.programs: dict[tuple, WindowProgram] = {}
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
         self._pointers: list[int] = []  # their storage then
-        self._pool: Any = None
-        self._side: Any = None
 
     def run(
         self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool = False
@@ -214,7 +205,7 @@ class ProgramExecutor(SegmentExecutor):
         """Run the segment of ``plan`` as a window program where it is ``replayable``, else eagerly.
 
         Arguments, result and errors as :meth:`SegmentExecutor.run`'s; a program raises
-        :class:`GraphCaptureError` where its capture fails.
+        :class:`~ignite_tbptt.runtime.GraphCaptureError` where its capture fails.
         """
         if plan.replayable and self._checked_eagerly():
             result = self._run_program(plan, x, y, resets, keep_predictions)
@@ -282,52 +273,8 @@ class ProgramExecutor(SegmentExecutor):
         """Add a window's gradients into the parameters' ``.grad`` as autograd's backward would.
 
         A parameter without a gradient from the window keeps its ``.grad`` (``None`` if it had none, so that the
-        optimizer skips it, as after an eager window); one whose ``.grad`` is ``None`` takes the window's (a copy of
-        a graph's static tensor, which the next replay overwrites); the others add it, in one kernel.
+        optimizer skips it, as after an eager window); one whose ``.grad`` is ``None`` takes the window's, copied
+        into its static buffer (where a step program reads it; a graph's output is overwritten by the next replay);
+        the others add it, in one kernel.
         """
-        added, into = [], []
-        for p, g in zip(self.trained, window_grads):
-            if g is None:
-                continue
-            if p.grad is None:
-                p.grad = g if fresh else g.clone()
-            else:
-                into.append(p.grad)
-                added.append(g)
-        if into:
-            torch._foreach_add_(into, added)
-
-    # -- capture (CUDA) ----------------------------------------------------------------------------------------
-    def on_side_stream(self, body: Callable[[], Any]) -> Any:
-        """Run ``body`` eagerly on a side stream, as warm-up before capture must."""
-        current = torch.cuda.current_stream()
-        if self._side is None:
-            self._side = torch.cuda.Stream()
-        self._side.wait_stream(current)
-        with torch.cuda.stream(self._side):
-            result = body()
-        current.wait_stream(self._side)
-        return result
-
-    def captured(self, body: Callable[[], Any]) -> tuple[Any, Any]:
-        """Capture ``body`` in a CUDA graph (nothing runs); the graph and its static outputs.
-
-        Raises:
-            GraphCaptureError: if the window cannot be captured (it reads a value back to the host, or makes
-                shapes from data), naming the fix.
-        """
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                outputs = body()
-        except RuntimeError as error:
-            raise GraphCaptureError(
-                f"the window could not be captured in a CUDA graph ({error}). A captured window may not read a value "
-                "back to the host (.item(), float(), a Python condition on a tensor, nonzero() or a shape from data) "
-                "in the model, model_fn, loss_fn or target_count_fn; remove the read, or pass cuda_graphs=False. A "
-                "failed capture can leave CUDA's random generator unusable in this process (later random draws fail "
-                "with 'Offset increment outside graph capture'): start a new process for the next run."
-            ) from error
-        return graph, outputs
+        self.gradients.take(self.trained, window_grads)

@@ -1,0 +1,117 @@
+"""A program: a body of tensor operations on static buffers, run eagerly or captured once in a CUDA graph and replayed.
+
+Window programs (:mod:`~ignite_tbptt.runtime.window_programs`) and step programs
+(:mod:`~ignite_tbptt.runtime.step_programs`) are both bodies of this kind: they read their inputs from buffers
+written before each run and leave their results in tensors read right after it. Uncaptured, a :class:`Program` runs
+its body every time, on any device: the same operations on the same buffers, which is how programs are tested on
+the CPU. Captured, it runs its body eagerly ``warmup`` times on a side stream (what a captured body needs must exist
+before capture: an optimizer's state, cuDNN's workspaces), is captured once, and is replayed after.
+
+Every graph of a trainer shares one memory pool (:class:`GraphCapture`): no two run at once, and each graph's
+outputs are read before the next replay, so one graph's temporaries may reuse another's memory. What must outlive a
+replay (an inf/NaN decision carried from step to step, an optimizer's state) is allocated outside the pool, before
+capture.
+
+Sources: PyTorch's CUDA semantics notes, "CUDA Graphs" (whole-network capture: warm-up on a side stream, static
+inputs copied in, outputs read after ``replay()``; "Graph memory management": graphs sharing a pool).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["GraphCapture", "Program", "GraphCaptureError"]
+
+
+class GraphCaptureError(RuntimeError):
+    """A program could not be captured in a CUDA graph; the message says why and what to change."""
+
+
+class GraphCapture:
+    """What a trainer's captured programs share: the warm-up count, the side stream and the graphs' memory pool.
+
+    Args:
+        warmup: eager runs of a program, on a side stream, before it is captured.
+    """
+
+    def __init__(self, warmup: int = 3) -> None:
+        self.warmup = warmup
+        self._pool: Any = None
+        self._side: Any = None
+
+    def on_side_stream(self, body: Callable[[], Any]) -> Any:
+        """Run ``body`` eagerly on a side stream, as warm-up before capture must."""
+        current = torch.cuda.current_stream()
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        self._side.wait_stream(current)
+        with torch.cuda.stream(self._side):
+            result = body()
+        current.wait_stream(self._side)
+        return result
+
+    def captured(self, body: Callable[[], Any], what: str) -> tuple[Any, Any]:
+        """Capture ``body`` in a CUDA graph (nothing runs); the graph and its static outputs.
+
+        Raises:
+            GraphCaptureError: if ``what`` (the window, the optimizer step) cannot be captured: it reads a value
+                back to the host, or makes shapes from data. The message names the fix.
+        """
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph, pool=self._pool):
+                outputs = body()
+        except RuntimeError as error:
+            raise GraphCaptureError(
+                f"{what} could not be captured in a CUDA graph ({error}). A captured program may not read a value "
+                "back to the host (.item(), float(), a Python condition on a tensor, nonzero() or a shape from data) "
+                "in the model, model_fn, loss_fn, target_count_fn or a handler of TBPTTEvents.OPTIMIZER_STEP_STARTED "
+                "run inside the step; remove the read, or pass cuda_graphs=False. A failed capture can leave CUDA's "
+                "random generator unusable in this process (later random draws fail with 'Offset increment outside "
+                "graph capture'): start a new process for the next run."
+            ) from error
+        return graph, outputs
+
+
+class Program:
+    """``body`` run eagerly every time (``capture`` ``None``), or warmed up, captured once and replayed.
+
+    Args:
+        body: the operations, on buffers its owner writes before each run; returns the outputs.
+        capture: the trainer's :class:`GraphCapture`, or ``None`` to run uncaptured.
+        what: what the body is, for a capture's error.
+    """
+
+    __slots__ = ("body", "capture", "what", "runs", "graph", "outputs")
+
+    def __init__(self, body: Callable[[], Any], capture: GraphCapture | None, what: str) -> None:
+        self.body, self.capture, self.what = body, capture, what
+        self.runs = 0  # eager runs so far (warm-up, under capture)
+        self.graph: Any = None
+        self.outputs: Any = None  # the captured run's static outputs
+
+    def __call__(self) -> tuple[Any, bool]:
+        """Run the program once.
+
+        Returns:
+            Its outputs, and whether they are fresh tensors (an eager run's) rather than a graph's static ones,
+            which the next replay overwrites.
+
+        Raises:
+            GraphCaptureError: if the capture fails.
+        """
+        capture = self.capture
+        if capture is None:
+            return self.body(), True
+        if self.graph is None and self.runs < capture.warmup:
+            self.runs += 1
+            return capture.on_side_stream(self.body), True
+        if self.graph is None:
+            self.graph, self.outputs = capture.captured(self.body, self.what)
+        self.graph.replay()
+        return self.outputs, False

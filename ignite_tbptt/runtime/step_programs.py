@@ -1,0 +1,291 @@
+"""The optimizer step as a program: division, inf/NaN check, clipping, the step and the scale's update, on the device.
+
+With window programs (``cuda_graphs``), an optimizer step that needs nothing from the host runs as a program too, a
+second graph after the window's: the gradients are divided by the step's target count and checked for inf/NaN in one
+kernel (unscaled and checked by the ``GradScaler`` where there is one), the handlers of
+``TBPTTEvents.OPTIMIZER_STEP_STARTED`` that run on the device alone (:class:`~ignite_tbptt.GradientClipping`) clip
+them, and the optimizer steps, skipping itself on the device if the check found inf or NaN; the scaler updates its
+scale on the device. Nothing is read back to the host: the decisions are read once at the iteration's end, where the
+trainer reads its output anyway (:meth:`~ignite_tbptt.engine.optimizer_step.OptimizerStep.take_failure`).
+
+What a step program needs, and what runs eagerly otherwise:
+
+- an optimizer that skips its own step on the device given ``found_inf`` (``_step_supports_amp_scaling``: torch's
+  ``SGD``, ``Adam`` and ``AdamW`` with ``fused=True``, the optimizers ``GradScaler`` steps without a host read);
+- one process (a distributed step sums over processes first) and no retained segment at the step (k2 > k1 keeps
+  the weights each needs, on the host's count of versions);
+- no profiler running.
+
+Values that change from step to step reach it through buffers written before each run: the target count, and each
+parameter group's learning rate, which ignite's schedulers set as a float (``LRScheduler``, ``ParamScheduler``,
+``create_lr_scheduler_with_warmup``). The optimizer steps with the group's ``lr`` set to its buffer, a 0-dim tensor
+(float64 on the CPU, where the fused kernels read it as a double: the eager step's values bit for bit; float32 on
+CUDA, the dtype torch's fused CUDA kernels read it in). Any other hyper-parameter a handler changes gives a new
+program. Gradients live in static buffers, one per parameter, kept across steps (:class:`StaticGradients`): the
+first window of a step copies its gradients in where an eager backward pass would have set ``.grad``.
+
+A handler of ``OPTIMIZER_STEP_STARTED`` runs inside the program if it has ``device_part(engine)``, which makes only
+device operations and returns tensors, and ``host_part(engine, outputs)``, run on the host after each step with
+those outputs; and if no handler that runs on the host follows it (handlers keep their order). Where a host
+handler is attached to ``OPTIMIZER_STEP_STARTED``, the step runs as two programs, one before it (division and
+check) and one after (the device handlers, the step, the scale's update).
+
+Sources: PyTorch's CUDA semantics notes, "CUDA Graphs" (whole-network capture, the optimizer's step included);
+torch's ``test_graph_scaling_fused_optimizers`` (``GradScaler.step`` and ``update`` captured with fused optimizers);
+the compiled-optimizer tutorial (a tensor learning rate, changed by a scheduler without recompiling).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .gradients import divide_and_check, skips_on_device
+from .graph_capture import GraphCapture, Program
+
+__all__ = ["StaticGradients", "StepHandler", "StepHandlers", "StepPrograms", "StepProgram"]
+
+
+class StepHandler(NamedTuple):
+    """A handler of ``OPTIMIZER_STEP_STARTED`` that runs inside a step program, bound to its engine."""
+
+    #: ``device_part()``: device operations on the step's gradients; returns their outputs (tensors).
+    device_part: Callable[[], Any]
+    #: ``host_part(outputs)``: after each step, on the host.
+    host_part: Callable[[Any], None]
+    #: What identifies the handler in a program's key (``id`` of the handler object).
+    key: int
+
+
+class StepHandlers(NamedTuple):
+    """The handlers of ``OPTIMIZER_STEP_STARTED`` as a step program sees them."""
+
+    #: The last handlers, each with a device part and a host part: they may run inside the program.
+    on_device: tuple[StepHandler, ...]
+    #: Whether handlers that run on the host come before them.
+    on_host: bool
+
+
+class StaticGradients:
+    """One ``.grad`` tensor per parameter, kept across optimizer steps: a captured step reads fixed addresses.
+
+    ``zero_grad()`` still sets ``.grad`` to ``None`` between steps; the first window of the next step puts the buffer
+    back, holding its gradients (:meth:`take`), and gradients an eager window left elsewhere are moved in before the
+    step (:meth:`settle`).
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[int, torch.Tensor] = {}  # by id(parameter); a parameter's new storage gets a new one
+
+    def buffer(self, p: torch.Tensor) -> torch.Tensor:
+        """``p``'s buffer, of its shape, dtype, device and strides."""
+        b = self._buffers.get(id(p))
+        if b is None or b.shape != p.shape or b.dtype != p.dtype or b.device != p.device or b.stride() != p.stride():
+            b = self._buffers[id(p)] = torch.empty_like(p)
+        return b
+
+    def take(self, params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor | None]) -> None:
+        """Add a window's ``grads`` into ``params``' ``.grad``: copied into the buffer where ``.grad`` is ``None``.
+
+        The gradients autograd's backward pass would leave, bit for bit; a parameter without a gradient from the
+        window keeps its ``.grad``.
+        """
+        copied, sources, into, added = [], [], [], []
+        for p, g in zip(params, grads):
+            if g is None:
+                continue
+            if p.grad is None:
+                b = p.grad = self.buffer(p)
+                copied.append(b)
+                sources.append(g)
+            else:
+                into.append(p.grad)
+                added.append(g)
+        if copied:
+            torch._foreach_copy_(copied, sources)
+        if into:
+            torch._foreach_add_(into, added)
+
+    def settle(self, params: Sequence[torch.Tensor]) -> None:
+        """Move each ``.grad`` that is not its parameter's buffer (an eager window's, a checkpoint's) into it."""
+        moved, sources = [], []
+        for p in params:
+            g = p.grad
+            if g is not None and g is not self._buffers.get(id(p)):
+                b = self.buffer(p)
+                if g is not b:
+                    moved.append(b)
+                    sources.append(g)
+                    p.grad = b
+        if moved:
+            torch._foreach_copy_(moved, sources)
+
+
+class StepPrograms:
+    """The optimizer step's programs, one per set of parameters with gradients, handlers and hyper-parameters.
+
+    Args:
+        optimizer: the optimizer; steps run as programs only if it skips its step on the device (``found_inf``).
+        scaler: the ``GradScaler``, or ``None``.
+        capture: the trainer's :class:`~ignite_tbptt.runtime.graph_capture.GraphCapture`, or ``None`` to run the
+            programs uncaptured.
+        limit: the most programs kept; further kinds of steps run eagerly.
+    """
+
+    def __init__(
+        self, optimizer: Any, scaler: torch.amp.GradScaler | None, capture: GraphCapture | None, limit: int = 8
+    ) -> None:
+        self.optimizer, self.scaler, self.capture, self.limit = optimizer, scaler, capture, limit
+        #: Whether the optimizer can step inside a program: it skips its step on the device given ``found_inf``,
+        #: as ``GradScaler`` steps it too without a host read.
+        self.supported = skips_on_device(optimizer)
+        self.gradients = StaticGradients()
+        self.programs: dict[tuple, StepProgram] = {}
+        self.device: torch.device | None = None
+        self.divisor: torch.Tensor | None = None  # float64, the step's target count (or 1)
+        self.found: torch.Tensor | None = None  # float32 inf/NaN decision, carried from step to step until read
+        self.lrs: list[torch.Tensor] = []
+
+    def parameters(self) -> list[torch.Tensor]:
+        """The optimizer's parameters, in its order."""
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def program(self, divisor: int, handlers: StepHandlers) -> StepProgram | None:
+        """The program for this step, its buffers written (target count, learning rates); ``None`` to step eagerly.
+
+        Args:
+            divisor: what the gradients are divided by: the step's target count, or 1 where its one window
+                backpropagated its mean.
+            handlers: the ``OPTIMIZER_STEP_STARTED`` handlers; where some run on the host, the step is two programs,
+                around them.
+        """
+        params = self.parameters()
+        present = tuple(p.grad is not None for p in params)
+        if not any(present):
+            return None
+        self._buffers(params)
+        self.gradients.settle(params)
+        groups = self.optimizer.param_groups
+        settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in groups]
+        key = (present, tuple(h.key for h in handlers.on_device), handlers.on_host, len(groups))
+        program = self.programs.get(key)
+        if program is not None and not _same_settings(program.settings, settings):
+            del self.programs[key]  # a hyper-parameter other than the learning rate changed: capture it afresh
+            program = None
+        if program is None:
+            if len(self.programs) >= self.limit:
+                return None
+            program = self.programs[key] = StepProgram(self, handlers.on_device, handlers.on_host, settings)
+        self.divisor.fill_(divisor)
+        for lr, group in zip(self.lrs, groups):
+            lr.fill_(group["lr"])
+        return program
+
+    def _buffers(self, params: list[torch.Tensor]) -> None:
+        device = params[0].device
+        if self.device != device or len(self.lrs) != len(self.optimizer.param_groups):
+            self.clear()
+            self.device = device
+            self.divisor = torch.ones((), dtype=torch.float64, device=device)
+            self.found = torch.zeros((), dtype=torch.float32, device=device)
+            # torch's fused CUDA kernels read a tensor learning rate as float32; on the CPU as a double.
+            dtype = torch.float64 if device.type == "cpu" else torch.float32
+            self.lrs = [torch.zeros((), dtype=dtype, device=device) for _ in self.optimizer.param_groups]
+        if self.capture is not None:
+            for group in self.optimizer.param_groups:
+                if group.get("capturable") is False:  # Adam's and AdamW's check under capture asks for it
+                    group["capturable"] = True
+
+    def forget_failure(self) -> None:
+        """Start the next step's decision afresh (a run starts, or a refused step was reported)."""
+        if self.found is not None:
+            self.found.zero_()
+
+    def clear(self) -> None:
+        """Forget every program (the parameters moved, the groups changed)."""
+        self.programs.clear()
+
+
+class StepProgram:
+    """One kind of optimizer step as one program, or two around the host's handlers (``split``)."""
+
+    def __init__(
+        self, programs: StepPrograms, handlers: Sequence[StepHandler], split: bool, settings: list[dict]
+    ) -> None:
+        self.programs, self.handlers, self.settings = programs, tuple(handlers), settings
+        capture = programs.capture
+        self.before = Program(self._divide, capture, "the optimizer step") if split else None
+        self.after = Program(self._step if split else self._whole, capture, "the optimizer step")
+
+    def divide(self) -> None:
+        """Run the division and the check, before the host's handlers (a split step)."""
+        if self.before is not None:
+            self.before()
+
+    def step(self) -> None:
+        """Run the rest of the step: the division and check (unless run before), device handlers, step, update."""
+        if self.before is not None:  # a host handler may have given a parameter a new .grad: back into its buffer
+            self.programs.gradients.settle(self.programs.parameters())
+        outputs, fresh = self.after()
+        if not fresh:  # a handler may keep what it is given: the next replay overwrites the graph's tensors
+            outputs = pytree.tree_map_only(torch.Tensor, torch.clone, outputs)
+        for handler, output in zip(self.handlers, outputs):
+            handler.host_part(output)
+
+    # -- the bodies --------------------------------------------------------------------------------------------
+    def _whole(self) -> list:
+        self._divide()
+        return self._step()
+
+    def _divide(self) -> None:
+        programs = self.programs
+        optimizer, scaler = programs.optimizer, programs.scaler
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # checks them too, into the scaler's own decision
+            torch._foreach_div_(grads, programs.divisor)
+        else:
+            divide_and_check(grads, programs.divisor, into=programs.found)
+
+    def _step(self) -> list:
+        programs = self.programs
+        optimizer, scaler = programs.optimizer, programs.scaler
+        outputs = [handler.device_part() for handler in self.handlers]
+        groups = optimizer.param_groups
+        rates = [group["lr"] for group in groups]
+        for group, lr in zip(groups, programs.lrs):
+            group["lr"] = lr
+        try:
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.found_inf = programs.found
+                try:
+                    optimizer.step()
+                finally:
+                    del optimizer.found_inf
+        finally:
+            for group, rate in zip(groups, rates):
+                group["lr"] = rate
+        return outputs
+
+
+def _same_settings(a: list[dict], b: list[dict]) -> bool:
+    # A tensor hyper-parameter is compared by identity: == on it would read the device.
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b):
+        if x.keys() != y.keys():
+            return False
+        for k, v in x.items():
+            w = y[k]
+            if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
+                if v is not w:
+                    return False
+            elif v != w:
+                return False
+    return True

@@ -1,0 +1,294 @@
+"""The optimizer step inside the program (``cuda_graphs``): division, check, clipping, step and scale on the device.
+
+Each test trains the same model eagerly and with programs (uncaptured on the CPU, captured under ``--device cuda``)
+and compares the parameters: bit for bit on the CPU, where the programs run the eager step's operations. Each counts
+the steps the step programs took, so that it cannot pass with every step eager. Learning rates are multiples of
+powers of two, exact in float32, the dtype torch's fused CUDA kernels read a tensor learning rate in.
+"""
+
+import contextlib
+from unittest import mock
+
+import pytest
+import torch
+from ignite.engine import Events
+from ignite.handlers import LRScheduler, PiecewiseLinear, create_lr_scheduler_with_warmup
+
+from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
+from ignite_tbptt.runtime import step_programs
+
+from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
+
+
+def fused_sgd(params):
+    return torch.optim.SGD(params, lr=0.125, momentum=0.5, weight_decay=2**-6, fused=True)
+
+
+def fused_adam(params):
+    return torch.optim.Adam(params, lr=2**-6, fused=True)
+
+
+def fused_adamw(params):
+    return torch.optim.AdamW(params, lr=2**-6, weight_decay=0.25, fused=True)
+
+
+@contextlib.contextmanager
+def counting_steps():
+    """The step programs run inside the block, one entry per optimizer step."""
+    runs = []
+    original = step_programs.StepProgram.step
+
+    def counted(self):
+        runs.append(self)
+        return original(self)
+
+    with mock.patch.object(step_programs.StepProgram, "step", counted):
+        yield runs
+
+
+def train(cuda_graphs, data, make=fused_sgd, handlers=(), dtype=torch.float64, loss=loss_fn, epochs=2, **options):
+    torch.manual_seed(0)
+    model = CharModel().to(dtype)
+    optimizer = make(model.parameters())
+    options = {"k1": 5, "carry_hidden": True, **options}
+    trainer = create_tbptt_trainer(model, optimizer, loss, cuda_graphs=programs(cuda_graphs), **options)
+    for attach in handlers:
+        attach(trainer, model, optimizer)
+    with counting_steps() as steps:
+        trainer.run(data, max_epochs=epochs)
+    return model, trainer, steps
+
+
+@pytest.mark.parametrize("make", [fused_sgd, fused_adam, fused_adamw], ids=["SGD", "Adam", "AdamW"])
+@pytest.mark.parametrize("accumulation", [1, 3], ids=["a step a window", "3 windows a step"])
+def test_fused_optimizers_step_inside_the_program(device, make, accumulation):
+    data = batches()
+    eager, eager_trainer, none = train(False, data, make, gradient_accumulation_steps=accumulation)
+    model, trainer, steps = train(True, data, make, gradient_accumulation_steps=accumulation)
+    assert_same(eager, model, device)
+    assert not none
+    # Every step, those after the stream's first windows (which run eagerly) too: their gradients are moved into
+    # the static buffers first.
+    # 20 windows an epoch: 20 steps, or 7 (six of 3 windows, and the epoch's last 2).
+    assert (
+        len(steps)
+        == trainer.state.optimizer_step
+        == eager_trainer.state.optimizer_step
+        == (40 if accumulation == 1 else 14)
+    )
+    assert len({id(p) for p in steps}) == 1  # one program served them all
+
+
+def test_an_optimizer_that_cannot_skip_on_the_device_steps_eagerly(device):
+    data = batches()
+    foreach = lambda params: torch.optim.AdamW(params, lr=2**-6, foreach=True)  # noqa: E731
+    eager, _, _ = train(False, data, foreach)
+    model, trainer, steps = train(True, data, foreach)
+    assert_same(eager, model, device)
+    assert not steps and trainer.state.optimizer_step == 40
+
+
+def test_a_grad_scaler_unscales_steps_and_updates_inside_the_program(device):
+    data = batches()
+    options = {"dtype": torch.float32, "scaler": True}
+    eager, _, _ = train(False, data, fused_adam, **options)
+    model, trainer, steps = train(True, data, fused_adam, **options)
+    if device.type == "cpu":
+        assert_same(eager, model, device)
+    else:
+        for p, q in zip(eager.parameters(), model.parameters()):
+            torch.testing.assert_close(p, q)
+    assert len(steps) == 40
+    scaler = trainer._process_function.scaler
+    assert scaler.get_scale() == train(False, data, fused_adam, **options)[1]._process_function.scaler.get_scale()
+
+
+def norms_after_each_step(trainer, model, optimizer):
+    trainer.state.norms = []
+    trainer.add_event_handler(
+        TBPTTEvents.OPTIMIZER_STEP_COMPLETED, lambda engine: engine.state.norms.append(engine.state.grad_norm.item())
+    )
+
+
+def clip_by_norm(trainer, model, optimizer):
+    GradientClipping(model, max_norm=0.5).attach(trainer)
+
+
+def clip_by_value(trainer, model, optimizer):
+    GradientClipping(model, max_value=0.01).attach(trainer)
+
+
+def on_the_host(trainer, model, optimizer):
+    trainer.state.seen = []
+
+    @trainer.on(TBPTTEvents.OPTIMIZER_STEP_STARTED)
+    def _(engine):  # the final gradients, before clipping where it comes after
+        engine.state.seen.append(sum(p.grad.abs().sum().item() for p in model.parameters()))
+
+
+@pytest.mark.parametrize(
+    "handlers, split",
+    [
+        ([clip_by_norm, norms_after_each_step], False),
+        ([clip_by_value, norms_after_each_step], False),
+        ([on_the_host, clip_by_norm, norms_after_each_step], True),
+        ([clip_by_norm, on_the_host, norms_after_each_step], True),
+    ],
+    ids=["by norm", "by value", "a host handler before", "a host handler after"],
+)
+def test_clipping_runs_inside_the_step_and_host_handlers_between_two_programs(device, handlers, split):
+    data = batches()
+    eager, eager_trainer, _ = train(False, data, fused_sgd, handlers)
+    model, trainer, steps = train(True, data, fused_sgd, handlers)
+    assert_same(eager, model, device)
+    assert len(steps) == 40
+    assert trainer.state.norms == eager_trainer.state.norms  # the norm before clipping, on engine.state
+    if hasattr(trainer.state, "seen"):  # the handler saw the gradients of the eager step at the same moment
+        assert trainer.state.seen == eager_trainer.state.seen
+    program = steps[0]
+    assert (program.before is not None) is split  # two programs around the host's handler, or one
+    clipping_inside = handlers[-2] is not on_the_host
+    assert len(program.handlers) == clipping_inside
+
+
+def attach_at_steps(scheduler):
+    def attach(trainer, model, optimizer):
+        trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_COMPLETED, scheduler(optimizer))
+        trainer.state.rates = []
+        group = optimizer.param_groups[0]
+        trainer.add_event_handler(
+            TBPTTEvents.OPTIMIZER_STEP_COMPLETED,
+            lambda engine: engine.state.rates.append((group["lr"], group["momentum"])),
+        )
+
+    return attach
+
+
+SCHEDULERS = {
+    "LRScheduler": lambda opt: LRScheduler(torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)),
+    "PiecewiseLinear": lambda opt: PiecewiseLinear(opt, "lr", milestones_values=[(0, 0.0), (16, 0.25), (40, 0.125)]),
+    "warm-up": lambda opt: create_lr_scheduler_with_warmup(
+        torch.optim.lr_scheduler.ExponentialLR(opt, gamma=0.5), warmup_start_value=0.0, warmup_end_value=0.125,
+        warmup_duration=8,
+    ),
+    "momentum": lambda opt: PiecewiseLinear(opt, "momentum", milestones_values=[(0, 0.5), (2, 0.75), (4, 0.875)]),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SCHEDULERS))
+def test_ignites_schedulers_reach_the_step_at_every_step(device, name):
+    data = batches()
+    attach = attach_at_steps(SCHEDULERS[name])
+    eager, eager_trainer, _ = train(False, data, fused_sgd, [attach])
+    model, trainer, steps = train(True, data, fused_sgd, [attach])
+    assert_same(eager, model, device)
+    assert len(steps) == 40
+    assert trainer.state.rates == eager_trainer.state.rates and len(set(trainer.state.rates)) > 3
+    assert all(isinstance(lr, float) for lr, _ in trainer.state.rates)  # the group's own value, not the buffer
+    programs_made = {id(p) for p in steps}
+    # A learning rate reaches the one program through its buffer; each momentum (0.5, 0.625, 0.75, 0.8125, 0.875)
+    # makes a new program.
+    assert len(programs_made) == (5 if name == "momentum" else 1)
+
+
+def test_a_step_with_non_finite_gradients_is_skipped_on_the_device_and_named_at_the_iterations_end(device):
+    data = batches()
+    window = [0]
+
+    def poisoned(y_pred, y):  # the 13th window's loss is NaN: its step, the 13th, has NaN gradients
+        window[0] += 1
+        loss = loss_fn(y_pred, y)
+        return loss * torch.nan if window[0] == 13 else loss
+
+    torch.manual_seed(0)
+    model = CharModel().double()
+    trainer = create_tbptt_trainer(model, fused_adam(model.parameters()), poisoned, 5, cuda_graphs=programs(True))
+    params = {}
+    trainer.add_event_handler(
+        TBPTTEvents.OPTIMIZER_STEP_COMPLETED(once=12),
+        lambda _: params.update(before=[p.clone() for p in model.parameters()]),
+    )
+    with counting_steps() as steps, pytest.raises(FloatingPointError) as error:
+        trainer.run(data, max_epochs=1)
+    # The iteration's last windows ran, their steps skipped on the device; the decisions were read at its end.
+    assert "optimizer step 13 (window 13, iteration 3)" in str(error.value)
+    assert "every later step of the iteration were not taken" in str(error.value)
+    assert len(steps) == 15
+    for p, q in zip(params["before"], model.parameters()):
+        assert torch.equal(p, q)
+    assert trainer.state.iteration == 4  # raised as the next iteration starts, as after a step refused eagerly
+
+
+def test_gradients_stay_in_static_buffers_across_steps(device):
+    data = batches()
+    grads = []
+
+    def record(trainer, model, optimizer):
+        trainer.add_event_handler(
+            TBPTTEvents.OPTIMIZER_STEP_STARTED, lambda _: grads.append([p.grad for p in model.parameters()])
+        )
+
+    train(True, data, fused_sgd, [record])
+    # zero_grad() sets .grad to None between steps; each step's first window puts the same buffers back.
+    assert all(g is h for step in grads[1:] for g, h in zip(step, grads[0]))
+
+
+def test_a_profiled_run_steps_eagerly(device):
+    data = batches(count=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+        _, trainer, steps = train(True, data, fused_sgd, epochs=1)
+    assert not steps and trainer.state.optimizer_step == 5
+
+
+def test_events_fire_once_per_step_in_order(device):
+    fired = []
+
+    def listen(trainer, model, optimizer):
+        for event in (
+            TBPTTEvents.OPTIMIZER_STEP_STARTED,
+            TBPTTEvents.OPTIMIZER_STEP_COMPLETED,
+            Events.ITERATION_COMPLETED,
+        ):
+            trainer.add_event_handler(event, lambda engine, e=event: fired.append((e, engine.state.optimizer_step)))
+        GradientClipping(model, max_norm=0.5).attach(trainer)
+
+    train(True, batches(count=2), fused_sgd, [listen], epochs=1)
+    expected = []
+    for step in range(1, 11):
+        expected += [(TBPTTEvents.OPTIMIZER_STEP_STARTED, step), (TBPTTEvents.OPTIMIZER_STEP_COMPLETED, step)]
+        if step % 5 == 0:
+            expected.append((Events.ITERATION_COMPLETED, step))
+    assert fired == expected
+
+
+def test_tensorboards_gradient_norm_and_clipping_leave_the_step_one_program(device, tmp_path):
+    from ignite_tbptt import attach_tensorboard
+
+    def main_jobs(folder):
+        def attach(trainer, model, optimizer):  # as the main job attaches them: clipping, then the logger
+            GradientClipping(model, max_norm=0.5).attach(trainer)
+            attach_tensorboard(trainer, folder, every=5)
+            norms_after_each_step(trainer, model, optimizer)
+
+        return attach
+
+    data = batches()
+    eager, eager_trainer, _ = train(False, data, fused_adam, [main_jobs(tmp_path / "eager")])
+    model, trainer, steps = train(True, data, fused_adam, [main_jobs(tmp_path / "programs")])
+    assert_same(eager, model, device)
+    assert trainer.state.norms == eager_trainer.state.norms  # the norm before clipping, as eagerly
+    assert len(steps) == 40 and steps[0].before is None and len(steps[0].handlers) == 2
+
+
+def test_a_host_handler_giving_gradients_new_tensors_between_the_two_programs(device):
+    def doubles(trainer, model, optimizer):
+        @trainer.on(TBPTTEvents.OPTIMIZER_STEP_STARTED)
+        def _(engine):  # new tensors, not the buffers the step program reads
+            for p in model.parameters():
+                p.grad = p.grad * 2
+
+    data = batches()
+    eager, _, _ = train(False, data, fused_sgd, [doubles, clip_by_norm])
+    model, _, steps = train(True, data, fused_sgd, [doubles, clip_by_norm])
+    assert_same(eager, model, device)
+    assert len(steps) == 40 and steps[0].before is not None
