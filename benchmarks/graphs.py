@@ -10,8 +10,12 @@ microseconds per window (the fastest of ``--repeats`` interleaved runs):
   graph gives, with nothing checked and no events (CUDA only);
 - ``ignite``: ignite's ``create_supervised_tbptt_trainer``;
 - ``ours``: ``create_tbptt_trainer``;
-- ``ours, cuda_graphs``: ``create_tbptt_trainer(..., cuda_graphs=True)``. On the CPU (``--device cpu``, the dry
-  run) its window programs run uncaptured, which only shows that they run.
+- ``ours, cuda_graphs``: ``create_tbptt_trainer(..., cuda_graphs=True)``: with no handler on the windows' events,
+  each batch's windows after its first, and their optimizer steps, run as one program (several windows per replay);
+- ``ours, cuda_graphs, a window per replay``: the same with a handler on ``TBPTTEvents.WINDOW_COMPLETED`` (which
+  does nothing), so that each window is a window program and each step a step program, with the host between them.
+
+On the CPU (``--device cpu``, the dry run) the programs run uncaptured, which only shows that they run.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import torch
 from benchmarks import methods
 from benchmarks.overhead import make_batches
 from benchmarks.report import markdown_table, rotated, write_page
-from ignite_tbptt import create_tbptt_trainer
+from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 
 K = 5
 
@@ -65,19 +69,32 @@ def hand_captured(model, optimizer, batches, k1, k2, device):
     torch.cuda.synchronize(device)
 
 
-def graphed(model, optimizer, batches, k1, k2, device):
+def graphed(model, optimizer, batches, k1, k2, device, window_by_window=False):
     """``create_tbptt_trainer(..., cuda_graphs=True)``; uncaptured programs where the device has no graphs."""
     programs = True if device.type == "cuda" else "uncaptured"
     trainer = create_tbptt_trainer(model, optimizer, methods.loss_fn, k1, k2, cuda_graphs=programs)
+    if window_by_window:  # a handler on a window's event needs the host after each window
+        trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda engine: None)
     trainer.run(batches)
     methods._sync(device)
+
+
+def graphed_window_by_window(model, optimizer, batches, k1, k2, device):
+    """``graphed`` with a window program and a step program per window."""
+    graphed(model, optimizer, batches, k1, k2, device, window_by_window=True)
 
 
 def contenders(device: torch.device) -> dict:
     named = {"hand": methods.hand}
     if device.type == "cuda":
         named["hand, captured"] = hand_captured
-    return {**named, "ignite": methods.ignite, "ours": methods.ours, "ours, cuda_graphs": graphed}
+    return {
+        **named,
+        "ignite": methods.ignite,
+        "ours": methods.ours,
+        "ours, cuda_graphs": graphed,
+        "ours, cuda_graphs, a window per replay": graphed_window_by_window,
+    }
 
 
 def train(method, batches, device):

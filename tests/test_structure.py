@@ -224,7 +224,9 @@ def test_how_windows_run_is_decided_once():
         for node in ast.walk(ast.parse(p.read_text()))
         if isinstance(node, ast.Attribute) and node.attr == "replayable"
     }
-    assert readers == {"runtime/window_programs.py", "engine/stream_loop.py"}, readers
+    # The plans' replayable: read by the second executor, and by the loop's check that the rest of a batch can run
+    # as one batch program.
+    assert readers == {"runtime/window_programs.py", "engine/stream_loop.py", "engine/batch_at_once.py"}, readers
 
 
 def test_the_engine_imports_the_runtime_through_its_public_names():

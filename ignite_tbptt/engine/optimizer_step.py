@@ -25,6 +25,7 @@ kept on the device on the CPU too.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Any
 
 import torch
@@ -60,6 +61,10 @@ class OptimizerStep:
         #: The step programs, with window programs (``None`` without): steps they can run, they run.
         self.programs = programs
         self._program: tuple[StepProgram, tuple[int, int, int, int, int]] | None = None  # the prepared step's
+        #: Each step a batch program took (:mod:`ignite_tbptt.runtime.batch_programs`): its decision (``None``
+        #: with a scaler) and its handlers' outputs, for the host's walk of the batch.
+        self.replayed: deque[tuple[torch.Tensor | None, list]] | None = None
+        self._replayed_step: tuple[tuple[int, int, int, int, int], StepHandlers] | None = None
         self.accumulated = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
         self.backward_mean = False  # their one window backpropagated its mean loss: the gradients are divided
@@ -90,7 +95,7 @@ class OptimizerStep:
         self.accumulated = self.targets = 0
         self.backward_mean = False
         self._due = None
-        self._program = None
+        self._program = self._replayed_step = None
 
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients (``zero_grad()``, to ``None``)."""
@@ -151,6 +156,9 @@ class OptimizerStep:
         if not targets:
             return 0
         divisor = 1 if backward_mean else targets
+        if self.replayed and handlers is not None:  # a batch program took it already
+            self._replayed_step = position, handlers
+            return targets
         if handlers is not None and self._in_program(divisor, handlers, position):
             return targets
         if self.scaler is not None:
@@ -184,17 +192,29 @@ class OptimizerStep:
         program = programs.program(divisor, handlers)
         if program is None:
             return False
-        if self._eager_decision:  # the last step was eager and refused steps refuse every later one: carried on
-            programs.found.copy_(self._found_inf[-1][0])
-            self._eager_decision = False
+        self.carry_decision()
         self._program = program, position
         program.divide()
         return True
 
+    def carry_decision(self) -> None:
+        """Before a program's step: an eager step's decision not yet read goes into the programs' buffer.
+
+        A refused step refuses every later one, until the decisions are read.
+        """
+        if self._eager_decision:
+            self.programs.found.copy_(self._found_inf[-1][0])
+            self._eager_decision = False
+
+    @property
+    def clears_directly(self) -> bool:
+        """Whether ``zero_grad()`` is torch's own, which this class does by setting each ``.grad`` to ``None``."""
+        return self._clears_directly
+
     @property
     def in_program(self) -> bool:
-        """Whether the prepared step runs as a step program."""
-        return self._program is not None
+        """Whether the prepared step runs as a step program (or a batch program took it)."""
+        return self._program is not None or self._replayed_step is not None
 
     def _finite_on(self, grad: torch.Tensor) -> torch.Tensor:
         # The decision to check into when it is read at once: kept while it reads 0.0, so a step allocates nothing.
@@ -209,6 +229,14 @@ class OptimizerStep:
         Returns:
             Whether the ``GradScaler`` found inf/NaN and skipped the step (always False without a scaler).
         """
+        if self._replayed_step is not None:
+            (position, handlers), self._replayed_step = self._replayed_step, None
+            decision, outputs = self.replayed.popleft()
+            if decision is not None:
+                self._found_inf.append((decision, position))
+            for handler, output in zip(handlers.on_device, outputs):
+                handler.host_part(output)
+            return False
         if self._program is not None:
             (program, position), self._program = self._program, None
             program.step()

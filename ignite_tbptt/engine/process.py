@@ -358,6 +358,13 @@ class _EngineListener:
             self._step_handlers = (list(entries), _step_handlers(self.engine, entries))
         return self._step_handlers[1]
 
+    def quiet_step_handlers(self) -> StepHandlers | None:
+        handlers = self.events.handlers
+        if any(handlers[i] for i in (_STARTED, _TIME_STARTED, _STEP_COMPLETED, _COMPLETED, _TIME_COMPLETED)):
+            return None
+        inside = self.step_handlers()
+        return None if inside.on_host else inside
+
     def step_started(self, targets: int, in_program: int = 0) -> None:
         state = self.engine.state
         state.step_targets = targets

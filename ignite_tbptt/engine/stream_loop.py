@@ -16,7 +16,7 @@ import torch
 
 from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
-from ..planning import StreamPlanner, WindowSource, plan_batch
+from ..planning import BatchPlan, StreamPlanner, WindowSource, plan_batch
 from ..runtime import (
     Execution,
     LossRule,
@@ -32,6 +32,7 @@ from ..runtime import (
     reach_profile,
 )
 from . import distributed
+from .batch_at_once import run_at_once
 from .optimizer_step import OptimizerStep
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
@@ -76,6 +77,12 @@ class LoopListener(Protocol):
 
     def step_handlers(self) -> StepHandlers:
         """The handlers of the step's start, as a step program sees them: the last ones may run inside it."""
+
+    def quiet_step_handlers(self) -> StepHandlers | None:
+        """The step's handlers, if no handler listens to a window's or a step's events on the host; else ``None``.
+
+        Then a batch's windows may run as one program (:mod:`ignite_tbptt.runtime.batch_programs`).
+        """
 
     def step_started(self, targets: int, in_program: int = 0) -> None:
         """The gradients of an optimizer step over ``targets`` targets are final; the step comes next.
@@ -268,15 +275,36 @@ class StreamLoop:
         backpropagated, and their optimizer steps taken; no window runs after a refused step (:attr:`failed`).
         """
         self.model.train()
-        stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
         if not self.carry_hidden:
             self.reset_stream()
-        offset = stream.position
-        batch = plan_batch(offset, length, ends_stream, resets)
-        one_window_per_step = self.optimizer_step.one_window_per_step
+        batch = plan_batch(self.stream.position, length, ends_stream, resets)
         total, predictions = LossSum(), []
+        try:
+            self._walk(batch, x, y, resets, keep_predictions, total, predictions)
+        finally:
+            if self.executor.runs_programs:  # the walk answered from a batch program's results, if one ran
+                self.executor.finish_batch_program()
+                self.optimizer_step.replayed = None
+        return BatchResult(total, predictions)
+
+    def _walk(
+        self,
+        batch: BatchPlan,
+        x: Any,
+        y: Any,
+        resets: dict[int, torch.Tensor],
+        keep_predictions: bool,
+        total: LossSum,
+        predictions: list,
+    ) -> None:
+        stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
+        offset, one_window_per_step = batch.start, self.optimizer_step.one_window_per_step
+        pending = self.executor.runs_programs  # the rest of the batch may run as one program, once programs may run
         while stream.position < batch.end and self.failed is None:
             if planner.window is None:
+                if pending and self.executor.ready():
+                    pending = False
+                    run_at_once(self, batch, x, y, resets, keep_predictions, one_window_per_step)
                 self._open_window()
             step = stream.position
             plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
@@ -288,7 +316,6 @@ class StreamLoop:
             predictions.append(result.predictions)
             if plan.closes_window:
                 self.close_window(plan.end, stream_continues=batch.stream_continues(plan.end))
-        return BatchResult(total, predictions)
 
     # -- window and step boundaries ----------------------------------------------------------------------------
     def _open_window(self) -> None:

@@ -14,6 +14,7 @@ never ignite. A new kind of hidden state (how it is flattened, detached, reset) 
 """
 
 from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
+from .batch_programs import BatchProgram, BatchResults, BatchWindow
 from .compiled import retainable
 from .executor import SegmentExecutor, SegmentResult
 from .gradients import divide_and_check, skips_on_device
@@ -70,6 +71,9 @@ __all__ = [
     "StepHandlers",
     "StepProgram",
     "StepPrograms",
+    "BatchProgram",
+    "BatchResults",
+    "BatchWindow",
     "LossRule",
     "profiled",
     "profiling",

@@ -162,17 +162,13 @@ class StepPrograms:
             handlers: the ``OPTIMIZER_STEP_STARTED`` handlers; where some run on the host, the step is two programs,
                 around them.
         """
-        params = self.parameters()
-        present = tuple(p.grad is not None for p in params)
-        if not any(present):
+        ready = self.ready()
+        if ready is None:
             return None
-        self._buffers(params)
-        self.gradients.settle(params)
-        groups = self.optimizer.param_groups
-        settings = [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in groups]
-        key = (present, tuple(h.key for h in handlers.on_device), handlers.on_host, len(groups))
+        present, settings = ready
+        key = (present, tuple(h.key for h in handlers.on_device), handlers.on_host, len(settings))
         program = self.programs.get(key)
-        if program is not None and not _same_settings(program.settings, settings):
+        if program is not None and not same_settings(program.settings, settings):
             del self.programs[key]  # a hyper-parameter other than the learning rate changed: capture it afresh
             program = None
         if program is None:
@@ -180,9 +176,63 @@ class StepPrograms:
                 return None
             program = self.programs[key] = StepProgram(self, handlers.on_device, handlers.on_host, settings)
         self.divisor.fill_(divisor)
+        return program
+
+    def ready(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None:
+        """Make the buffers ready for a run: gradients in their static buffers, learning rates written.
+
+        Returns:
+            Which parameters have a gradient, and each group's hyper-parameters but the learning rate (what a
+            program is valid for); ``None`` where no parameter has a gradient and ``need_gradients``.
+        """
+        params = self.parameters()
+        present = tuple(p.grad is not None for p in params)
+        if need_gradients and not any(present):
+            return None
+        self._buffers(params)
+        self.gradients.settle(params)
+        groups = self.optimizer.param_groups
         for lr, group in zip(self.lrs, groups):
             lr.fill_(group["lr"])
-        return program
+        return present, [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in groups]
+
+    # -- what a program runs -----------------------------------------------------------------------------------
+    def divide(self, divisor: torch.Tensor) -> None:
+        """The step's first part: the gradients divided by ``divisor`` (a buffer) and checked (or unscaled)."""
+        optimizer, scaler = self.optimizer, self.scaler
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # checks them too, into the scaler's own decision
+            torch._foreach_div_(grads, divisor)
+        else:
+            divide_and_check(grads, divisor, into=self.found)
+
+    def step(self, handlers: Sequence[StepHandler]) -> list:
+        """The step's second part: the device parts of ``handlers``, the optimizer's step, the scale's update.
+
+        Returns:
+            The handlers' outputs, in order.
+        """
+        optimizer, scaler = self.optimizer, self.scaler
+        outputs = [handler.device_part() for handler in handlers]
+        groups = optimizer.param_groups
+        rates = [group["lr"] for group in groups]
+        for group, lr in zip(groups, self.lrs):
+            group["lr"] = lr
+        try:
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.found_inf = self.found
+                try:
+                    optimizer.step()
+                finally:
+                    del optimizer.found_inf
+        finally:
+            for group, rate in zip(groups, rates):
+                group["lr"] = rate
+        return outputs
 
     def _buffers(self, params: list[torch.Tensor]) -> None:
         device = params[0].device
@@ -241,41 +291,14 @@ class StepProgram:
         return self._step()
 
     def _divide(self) -> None:
-        programs = self.programs
-        optimizer, scaler = programs.optimizer, programs.scaler
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if scaler is not None:
-            scaler.unscale_(optimizer)  # checks them too, into the scaler's own decision
-            torch._foreach_div_(grads, programs.divisor)
-        else:
-            divide_and_check(grads, programs.divisor, into=programs.found)
+        self.programs.divide(self.programs.divisor)
 
     def _step(self) -> list:
-        programs = self.programs
-        optimizer, scaler = programs.optimizer, programs.scaler
-        outputs = [handler.device_part() for handler in self.handlers]
-        groups = optimizer.param_groups
-        rates = [group["lr"] for group in groups]
-        for group, lr in zip(groups, programs.lrs):
-            group["lr"] = lr
-        try:
-            if scaler is not None:
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                optimizer.found_inf = programs.found
-                try:
-                    optimizer.step()
-                finally:
-                    del optimizer.found_inf
-        finally:
-            for group, rate in zip(groups, rates):
-                group["lr"] = rate
-        return outputs
+        return self.programs.step(self.handlers)
 
 
-def _same_settings(a: list[dict], b: list[dict]) -> bool:
-    # A tensor hyper-parameter is compared by identity: == on it would read the device.
+def same_settings(a: list[dict], b: list[dict]) -> bool:
+    """Whether two lists of hyper-parameters are equal; a tensor is compared by identity (== would read it)."""
     if len(a) != len(b):
         return False
     for x, y in zip(a, b):

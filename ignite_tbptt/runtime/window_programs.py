@@ -28,6 +28,7 @@ a memory pool shared by graphs that do not run concurrently).
 from __future__ import annotations
 
 import enum
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -36,13 +37,14 @@ from torch.utils import _pytree as pytree
 
 from ..planning import SegmentPlan
 from . import hidden as hs
+from .batch_programs import BatchProgram, BatchResults
 from .executor import SegmentExecutor, SegmentResult
 from .graph_capture import GraphCapture, Program
 from .loss_rule import LossRule
 from .model_call import ModelCall
 from .module_state import repoint_caches
 from .profiling import profiling
-from .step_programs import StaticGradients
+from .step_programs import StaticGradients, same_settings
 from .stream import StreamState
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram"]
@@ -196,6 +198,10 @@ class ProgramExecutor(SegmentExecutor):
         #: What the programs' graphs share (``None`` uncaptured); the step programs use it too.
         self.graphs = GraphCapture(warmup) if capture else None
         self.programs: dict[tuple, WindowProgram] = {}
+        self.batch_programs: dict[tuple, BatchProgram] = {}  # several windows per replay
+        #: The mean losses and target counts of a batch program's windows, for the host's walk of the batch.
+        self.replayed: deque[tuple[torch.Tensor, int]] | None = None
+        self._batch_program: BatchProgram | None = None  # the one the walk answers from
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
         self._pointers: list[int] = []  # their storage then
 
@@ -207,13 +213,19 @@ class ProgramExecutor(SegmentExecutor):
         Arguments, result and errors as :meth:`SegmentExecutor.run`'s; a program raises
         :class:`~ignite_tbptt.runtime.GraphCaptureError` where its capture fails.
         """
-        if plan.replayable and self._checked_eagerly():
+        if self.replayed:  # a batch program ran this window: its results, in order
+            mean, n = self.replayed.popleft()
+            self.stream.position = plan.end
+            self.stream.window_loss.add(mean, n, True)
+            return SegmentResult(mean, n, None)
+        if plan.replayable and self.ready():
             result = self._run_program(plan, x, y, resets, keep_predictions)
             if result is not None:
                 return result
         return super().run(plan, x, y, resets, keep_predictions)
 
-    def _checked_eagerly(self) -> bool:
+    def ready(self) -> bool:
+        """Whether a replayable window may run as a program now (the checks that need an eager call are done)."""
         # What a model call checks once runs eagerly: a stream's first call (no state), the call that checks that the
         # state returned was read from the state given, the call that checks the reset's columns; and every call
         # under torch's profiler, whose ranges a program would not show.
@@ -237,22 +249,67 @@ class ProgramExecutor(SegmentExecutor):
             program = self.programs[key] = WindowProgram(
                 self, x, y, stream.hidden, resets is not None, plan.backward_mean
             )
-        # The window starts at its cut, so the state's graph (an eager window's; a program's state has none) is never
-        # backpropagated again: let it go now, from the model's caches of the state too. Alive, it would keep the
-        # parameters' AccumulateGrad nodes of the stream it ran on, which the program's backward pass on another
-        # stream, or under capture, would have to wait for.
-        if any(t.requires_grad for t in hs.tensors(stream.hidden)):
-            eager, stream.hidden = stream.hidden, hs.detached(stream.hidden)
-            repoint_caches(self.model_call.model, eager, stream.hidden)
-            del eager
+        self.let_state_graph_go()
         mean, hidden_out, predictions, n = program(x, y, stream.hidden, resets)
         stream.hidden, stream.position = hs.unflatten(stream.hidden, hidden_out), plan.end
         stream.window_loss.add(mean, n, True)
         return SegmentResult(mean, n, predictions if keep_predictions else None)
 
+    def let_state_graph_go(self) -> None:
+        """Detach the stream's state before a program reads it, in the model's caches of it too.
+
+        A program's window starts at its cut, so the state's graph (an eager window's; a program's state has none)
+        is never backpropagated again. Alive, it would keep the parameters' AccumulateGrad nodes of the stream it
+        ran on, which the program's backward pass on another stream, or under capture, would have to wait for.
+        """
+        stream = self.stream
+        if any(t.requires_grad for t in hs.tensors(stream.hidden)):
+            eager, stream.hidden = stream.hidden, hs.detached(stream.hidden)
+            repoint_caches(self.model_call.model, eager, stream.hidden)
+            del eager
+
+    def run_batch_program(
+        self,
+        key: tuple,
+        make: Callable[[], BatchProgram],
+        settings: list[dict],
+        x: Any,
+        y: Any,
+        resets: dict[int, torch.Tensor],
+        divisors: list[int],
+    ) -> BatchResults | None:
+        """Run a batch's windows as the batch program of ``key`` (made by ``make`` the first time).
+
+        The windows' results wait in :attr:`replayed` for the host's walk of the batch, which :meth:`run` answers
+        from, and the stream's state is the batch's last. ``None`` (nothing run) past the limit of programs.
+        """
+        self._check_parameters()
+        program = self.batch_programs.get(key)
+        if program is not None and not same_settings(program.settings, settings):
+            del self.batch_programs[key]  # a hyper-parameter other than the learning rate changed
+            program = None
+        if program is None:
+            if len(self.batch_programs) >= self.limit:
+                return None
+            program = self.batch_programs[key] = make()
+        self.let_state_graph_go()
+        results = program(x, y, self.stream.hidden, resets, divisors)
+        self.stream.hidden = hs.unflatten(self.stream.hidden, results.state)
+        self.replayed = deque(zip(results.means, (w.targets for w in program.windows)))
+        self._batch_program = program
+        return results
+
+    def finish_batch_program(self) -> None:
+        """After the host's walk of a batch program's windows: the ``.grad`` the batch left, nothing replayed."""
+        program, self._batch_program, self.replayed = self._batch_program, None, None
+        if program is not None and program.gradients is not None:  # the walk's zero_grad() cleared them
+            for p, has in zip(self.trained, program.gradients):
+                p.grad = self.gradients.buffer(p) if has else None
+
     def clear(self) -> None:
         """Forget every program: the next windows run eagerly and are captured afresh."""
         self.programs.clear()
+        self.batch_programs.clear()
         self.trained, self._pointers = [], []
 
     def _check_parameters(self) -> None:

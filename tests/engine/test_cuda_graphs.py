@@ -15,7 +15,7 @@ from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import AdaptiveTruncation, GradientClipping, TBPTTEvents, count_targets, create_tbptt_trainer
-from ignite_tbptt.runtime import model_call, window_programs
+from ignite_tbptt.runtime import batch_programs, model_call, window_programs
 
 
 def programs(cuda_graphs):
@@ -71,15 +71,22 @@ def train(
 
 @contextlib.contextmanager
 def counting_programs():
-    """The window programs run inside the block, one entry per window, in order."""
+    """The windows programs ran inside the block, one entry per window, in order: its window or batch program."""
     runs = []
-    original = window_programs.WindowProgram.__call__
+    original, batch = window_programs.WindowProgram.__call__, batch_programs.BatchProgram.__call__
 
     def counted(self, *args):
         runs.append(self)
         return original(self, *args)
 
-    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
+    def counted_batch(self, *args):
+        runs.extend([self] * len(self.windows))
+        return batch(self, *args)
+
+    with (
+        mock.patch.object(window_programs.WindowProgram, "__call__", counted),
+        mock.patch.object(batch_programs.BatchProgram, "__call__", counted_batch),
+    ):
         yield runs
 
 

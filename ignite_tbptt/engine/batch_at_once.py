@@ -1,0 +1,112 @@
+"""Whether a batch's windows run as one batch program, and the program's run; the host then walks the batch.
+
+:func:`run_at_once` checks what :mod:`ignite_tbptt.runtime.batch_programs` lists, plans the batch's windows with a
+copy of the stream's planner (the trainer's own decisions, made again on the side), runs them and their optimizer
+steps as one program, and leaves each window's and each step's results with the executor and the optimizer step.
+:meth:`StreamLoop.run_batch <ignite_tbptt.engine.stream_loop.StreamLoop.run_batch>` then walks the batch as it
+walks any other, and they answer from those results: the stream's position, the windows' losses and counts, the
+counters, the events and the decisions are the host's as after windows run one by one.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..planning import BatchPlan
+from ..runtime import BatchProgram, BatchWindow, profiling
+
+if TYPE_CHECKING:
+    from .stream_loop import StreamLoop
+
+__all__ = ["run_at_once"]
+
+
+def run_at_once(
+    loop: StreamLoop,
+    batch: BatchPlan,
+    x: Any,
+    y: Any,
+    resets: dict[int, torch.Tensor],
+    keep_predictions: bool,
+    one_window_per_step: bool,
+) -> bool:
+    """Run the batch's windows from the stream's position on, and their optimizer steps, as one batch program.
+
+    Called at a window boundary, once the executor may run programs (a stream's first windows run eagerly).
+
+    Returns:
+        Whether they ran: the executor and the optimizer step then hold their results for the walk of the batch.
+    """
+    executor, step = loop.executor, loop.optimizer_step
+    programs = step.programs
+    if (
+        not executor.runs_programs
+        or keep_predictions
+        or executor.target_count_fn is not None
+        or programs is None
+        or not programs.supported
+        or step.distributed
+        or not step.clears_directly
+        or loop.planner.window is not None
+        or loop.history.segments
+        or not executor.ready()
+        or profiling()
+    ):
+        return False
+    handlers = loop.listener.quiet_step_handlers()
+    if handlers is None:
+        return False
+    planned = _windows(loop, batch, y, resets, one_window_per_step)
+    if planned is None:
+        return False
+    windows, divisors = planned
+    _, settings = programs.ready(need_gradients=False)
+    trained = [p.grad is not None for p in executor.trained]
+    key = (x.shape, x.dtype, y.shape, y.dtype, windows, tuple(h.key for h in handlers.on_device), tuple(trained))
+
+    def make() -> BatchProgram:
+        return BatchProgram(executor, programs, handlers.on_device, windows, x, y, loop.stream.hidden, settings)
+
+    step.carry_decision()
+    results = executor.run_batch_program(key, make, settings, x, y, resets, divisors)
+    if results is None:
+        return False
+    decisions = results.decisions or [None] * len(divisors)
+    step.replayed = deque(zip(decisions, results.handled))
+    return True
+
+
+def _windows(
+    loop: StreamLoop, batch: BatchPlan, y: Any, resets: dict[int, torch.Tensor], one_window_per_step: bool
+) -> tuple[tuple[BatchWindow, ...], list[int]] | None:
+    # The batch's windows as the loop will plan them, on a copy of its planner; None where one is not a whole,
+    # replayable, unrecorded window, or there are fewer than two.
+    planner, step = copy.copy(loop.planner), loop.optimizer_step
+    offset, position = batch.start, loop.stream.position
+    number = loop.listener.position()[3]  # the windows so far
+    accumulated, targets = step.accumulated, step.targets
+    windows, divisors = [], []
+    while position < batch.end:
+        number += 1
+        planner.open_window(position, number)
+        plan = planner.segment(position, batch.end, batch.stream_end, batch.next_start(position), one_window_per_step)
+        if planner.recorded or not (plan.replayable and plan.closes_window and plan.whole_window):
+            return None
+        planner.closed(planner.close(plan.end, batch.stream_continues(plan.end), []))
+        start, end = plan.start - offset, plan.end - offset
+        n = loop.layout.steps(y, start, end).numel()
+        first = accumulated == 0
+        accumulated, targets = accumulated + 1, targets + n
+        completes = accumulated == step.accumulation
+        windows.append(
+            BatchWindow(start, end, start in resets, plan.backward_mean, n, first, len(divisors) if completes else None)
+        )
+        if completes:
+            divisors.append(1 if plan.backward_mean else targets)
+            accumulated = targets = 0
+        position = plan.end
+    return (tuple(windows), divisors) if len(windows) > 1 else None

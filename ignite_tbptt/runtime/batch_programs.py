@@ -1,0 +1,159 @@
+"""Several windows per replay: the windows of a batch and their optimizer steps as one program.
+
+A window program and a step program replace a window's launches by two replays, but the host still runs the
+trainer's Python between them, window after window. Where nothing on the host needs to run between the windows of a
+batch, one program runs them all: each window's model call, loss and backward pass, its gradients added into the
+static ``.grad`` buffers, and after each window that completes one, the optimizer step (division and check, the
+handlers that run on the device, the fused optimizer's step, the scaler's update). Captured, a batch is one replay.
+The host then walks the batch as it would have run it, window by window, from the program's outputs: the stream's
+position, the windows' losses, the counters, the events in order (:class:`~ignite_tbptt.engine.stream_loop.StreamLoop`).
+
+It applies to a batch where all of these hold (the loop checks them; otherwise the batch runs window by window):
+
+- its windows are whole, replayable and not recorded (k1 = k2, each a window program's), at least two of them, the
+  stream already under way (its first windows run eagerly);
+- no handler listens to the events of a window or a step (``TBPTTEvents``, ``Tbptt_Events``), but for handlers of
+  ``OPTIMIZER_STEP_STARTED`` that run inside the step (:class:`~ignite_tbptt.GradientClipping`): a handler on the
+  host would see the model after the whole batch;
+- the optimizer's steps can run as step programs (:mod:`~ignite_tbptt.runtime.step_programs`), and ``zero_grad`` is
+  torch's own;
+- the target counts are fixed by the shapes (no ``target_count_fn``), and the predictions are not kept for
+  ``output_transform``.
+
+Its results are the eager trainer's: the same operations on the same values, in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch.utils import _pytree as pytree
+
+from . import hidden as hs
+from .graph_capture import Program
+from .module_state import repoint_caches
+from .step_programs import StepHandler, StepPrograms
+
+__all__ = ["BatchWindow", "BatchProgram", "BatchResults"]
+
+
+class BatchWindow(NamedTuple):
+    """One window of a batch program, as its plan and the accumulation place it."""
+
+    #: Its first step and its end, counted from the batch's first step.
+    start: int
+    end: int
+    #: Whether some column starts a sequence at its first step (a reset mask).
+    resets: bool
+    #: Whether its loss is backpropagated as the mean (its step's only window) rather than the sum.
+    backward_mean: bool
+    #: Its target count (the targets' number of elements).
+    targets: int
+    #: Whether it is the first window of its optimizer step: its gradients are copied into the buffers, not added.
+    first_of_step: bool
+    #: The index, among the batch's steps, of the optimizer step it completes; ``None`` if it completes none.
+    step: int | None
+
+
+class BatchResults(NamedTuple):
+    """What a batch program gives the host's walk."""
+
+    #: Each window's mean loss, a detached 0-dim tensor.
+    means: list[torch.Tensor]
+    #: The tensors of the hidden state after the batch.
+    state: list[torch.Tensor]
+    #: Each step's inf/NaN decision (float32, 0-dim), carried from step to step; empty with a scaler.
+    decisions: list[torch.Tensor]
+    #: Each step's outputs of the handlers that ran inside it, in their order.
+    handled: list[list[Any]]
+
+
+class BatchProgram:
+    """The windows of one batch shape and their optimizer steps, as one program.
+
+    Args:
+        executor: the :class:`~ignite_tbptt.runtime.ProgramExecutor` (model call, loss rule, trained parameters,
+            gradient buffers, capture).
+        steps: the :class:`~ignite_tbptt.runtime.StepPrograms` (optimizer, scaler, decision, learning rates).
+        handlers: the ``OPTIMIZER_STEP_STARTED`` handlers that run inside each step.
+        windows: the batch's windows, in order.
+        x, y, hidden: the first batch's input, targets and input hidden state, which give the buffers' shapes.
+        settings: the optimizer groups' hyper-parameters but the learning rate, which the program is valid for.
+    """
+
+    def __init__(
+        self,
+        executor: Any,
+        steps: StepPrograms,
+        handlers: tuple[StepHandler, ...],
+        windows: tuple[BatchWindow, ...],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        hidden: Any,
+        settings: list[dict],
+    ) -> None:
+        self.executor, self.steps, self.handlers, self.windows = executor, steps, handlers, windows
+        self.settings = settings
+        self.x, self.y = torch.empty_like(x), torch.empty_like(y)
+        self.hidden = [torch.empty_like(t) for t in hs.flatten(hidden)]
+        self.tree = hs.unflatten(hidden, self.hidden)
+        columns = executor.model_call.layout.columns(x)
+        self.starts = [torch.zeros(columns, dtype=torch.bool, device=x.device) if w.resets else None for w in windows]
+        count = sum(w.step is not None for w in windows)
+        self.divisors = [torch.ones((), dtype=torch.float64, device=x.device) for _ in range(count)]
+        self.program = Program(self._body, executor.graphs, "the batch's windows")
+        self.gradients: list[bool] | None = None  # which trained parameters hold a gradient after the batch
+
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor, hidden: Any, resets: dict[int, torch.Tensor], divisors: list[int]
+    ) -> BatchResults:
+        """Run the batch's windows and steps on ``x``, ``y`` from ``hidden``; ``divisors``: each step's divisor."""
+        with torch.no_grad():
+            self.x.copy_(x)
+            self.y.copy_(y)
+            for buffer, t in zip(self.hidden, hs.flatten(hidden)):
+                buffer.copy_(t)
+            for window, buffer in zip(self.windows, self.starts):
+                if buffer is not None:
+                    buffer.copy_(resets[window.start])
+        for buffer, divisor in zip(self.divisors, divisors):
+            buffer.fill_(divisor)
+        outputs, fresh = self.program()
+        executor = self.executor
+        if fresh:
+            self.gradients = [p.grad is not None for p in executor.trained]
+            return outputs
+        # A replay runs no Python: the .grad the windows' bodies set at capture are set again, as after the batch.
+        for p, has in zip(executor.trained, self.gradients):
+            p.grad = executor.gradients.buffer(p) if has else None
+        return pytree.tree_map_only(torch.Tensor, torch.clone, outputs)
+
+    def _body(self) -> BatchResults:
+        executor, steps = self.executor, self.steps
+        rule, layout, trained = executor.loss, executor.model_call.layout, executor.trained
+        state = self.tree
+        results = BatchResults([], [], [], [])
+        for window, starts in zip(self.windows, self.starts):
+            x, y = layout.steps(self.x, window.start, window.end), layout.steps(self.y, window.start, window.end)
+            y_pred, hidden_out = executor.model_call(x, state, None, False, starts)
+            mean = rule.mean(y_pred, y, window.targets)
+            root = rule.root(rule.backpropagated(mean, window.targets, window.backward_mean))
+            grads = torch.autograd.grad(root, trained, allow_unused=True)
+            flat = [t.detach() for t in hs.flatten(hidden_out)]
+            detached = hs.unflatten(hidden_out, flat)
+            if executor.capture:  # as a window program does: no cache keeps this window's graph
+                repoint_caches(executor.model_call.model, hidden_out, detached)
+            state = detached
+            if window.first_of_step:  # zero_grad(), as each step's first window starts
+                for p in trained:
+                    p.grad = None
+            executor.gradients.take(trained, grads)
+            results.means.append(mean.detach())
+            if window.step is not None:
+                steps.divide(self.divisors[window.step])
+                results.handled.append(steps.step(self.handlers))
+                if steps.scaler is None:
+                    results.decisions.append(steps.found.clone())
+        results.state.extend(hs.flatten(state))
+        return results

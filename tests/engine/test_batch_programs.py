@@ -1,0 +1,183 @@
+"""Several windows per replay: a batch's windows and their optimizer steps as one program (``cuda_graphs``).
+
+Each test trains eagerly and with programs (uncaptured on the CPU, captured under ``--device cuda``) and compares
+parameters, counters and outputs: bit for bit on the CPU. Each counts the windows batch programs ran, so that it
+cannot pass with none; where a batch program must not run, it checks that none did.
+"""
+
+import contextlib
+from unittest import mock
+
+import pytest
+import torch
+from ignite.engine import Events
+from ignite.handlers import LRScheduler
+
+from ignite_tbptt import GradientClipping, TBPTTEvents, count_targets, create_tbptt_trainer
+from ignite_tbptt.runtime import batch_programs
+
+from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
+from .test_step_programs import fused_adam, fused_sgd
+
+
+@contextlib.contextmanager
+def counting_windows():
+    """The windows batch programs ran inside the block, one entry per window."""
+    runs = []
+    original = batch_programs.BatchProgram.__call__
+
+    def counted(self, *args):
+        runs.extend([self] * len(self.windows))
+        return original(self, *args)
+
+    with mock.patch.object(batch_programs.BatchProgram, "__call__", counted):
+        yield runs
+
+
+def train(cuda_graphs, data, make=fused_sgd, handlers=(), dtype=torch.float64, epochs=2, **options):
+    torch.manual_seed(0)
+    model = CharModel().to(dtype)
+    optimizer = make(model.parameters())
+    options = {"k1": 5, "carry_hidden": True, **options}
+    trainer = create_tbptt_trainer(model, optimizer, loss_fn, cuda_graphs=programs(cuda_graphs), **options)
+    for attach in handlers:
+        attach(trainer, model, optimizer)
+    outputs = []
+    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: outputs.append(engine.state.output))
+    with counting_windows() as windows:
+        trainer.run(data, max_epochs=epochs)
+    return model, trainer, windows, outputs
+
+
+WINDOWS = (5 - 2) + 3 * 5 + (5 - 1) + 3 * 5  # the windows of two epochs that batch programs run
+
+COUNTERS = ("iteration", "window", "optimizer_step", "targets_seen", "window_targets", "step_targets")
+
+
+def assert_same_run(eager, programmed, device):
+    (a, a_trainer, _, a_outputs), (b, b_trainer, _, b_outputs) = eager, programmed
+    assert_same(a, b, device)
+    assert [getattr(a_trainer.state, c) for c in COUNTERS] == [getattr(b_trainer.state, c) for c in COUNTERS]
+    assert a_trainer.state.window_bounds == b_trainer.state.window_bounds
+    assert b_outputs == pytest.approx(a_outputs, rel=1e-12, abs=0)  # each iteration's mean loss
+
+
+@pytest.mark.parametrize(
+    "make, accumulation",
+    [(fused_sgd, 1), (fused_adam, 1), (fused_sgd, 3), (fused_adam, 2)],
+    ids=["SGD", "Adam", "SGD, 3 windows a step", "Adam, 2 windows a step"],
+)
+def test_the_windows_of_a_batch_and_their_steps_run_as_one_program(device, make, accumulation):
+    data = batches()
+    eager = train(False, data, make, gradient_accumulation_steps=accumulation)
+    programmed = train(True, data, make, gradient_accumulation_steps=accumulation)
+    assert_same_run(eager, programmed, device)
+    assert not eager[2]
+    # 4 batches of 5 windows an epoch, each batch one program once programs may run: after the run's first two
+    # windows (no state yet; the model call's check) and each later stream's first.
+    assert len(programmed[2]) == WINDOWS
+
+
+def test_a_grad_scaler_clipping_and_resets_at_windows_first_steps(device):
+    data = []
+    for x, y in batches():
+        starts = torch.zeros(x.shape, dtype=torch.bool)
+        starts[10, 1] = starts[20, 3] = True  # at windows' first steps: reset masks inside the program
+        data.append((x, y, starts))
+
+    def clip(trainer, model, optimizer):
+        GradientClipping(model, max_norm=0.5).attach(trainer)
+
+    options = {"dtype": torch.float32, "scaler": True, "handlers": [clip]}
+    eager = train(False, data, fused_adam, **options)
+    programmed = train(True, data, fused_adam, **options)
+    if device.type == "cpu":
+        assert_same_run(eager, programmed, device)
+    else:
+        for p, q in zip(eager[0].parameters(), programmed[0].parameters()):
+            torch.testing.assert_close(p, q)
+    assert len(programmed[2]) == WINDOWS
+    assert programmed[1]._process_function.scaler.get_scale() == eager[1]._process_function.scaler.get_scale()
+
+
+def test_a_sequence_start_inside_a_window_leaves_that_batch_window_by_window(device):
+    data = []
+    for i, (x, y) in enumerate(batches()):
+        starts = torch.zeros(x.shape, dtype=torch.bool)
+        if i == 2:
+            starts[12, 0] = True  # inside the window [10, 15) of the third batch: two model calls
+        data.append((x, y, starts))
+    eager = train(False, data)
+    programmed = train(True, data)
+    assert_same_run(eager, programmed, device)
+    assert len(programmed[2]) == WINDOWS - 2 * 5  # the third batch of each epoch ran window by window
+
+
+def listening(event):
+    def attach(trainer, model, optimizer):
+        trainer.add_event_handler(event, lambda engine: None)
+
+    return attach
+
+
+@pytest.mark.parametrize(
+    "handlers, options",
+    [
+        ([listening(TBPTTEvents.WINDOW_COMPLETED)], {}),
+        ([listening(TBPTTEvents.WINDOW_STARTED)], {}),
+        ([listening(TBPTTEvents.OPTIMIZER_STEP_COMPLETED)], {}),
+        ([listening(TBPTTEvents.OPTIMIZER_STEP_STARTED)], {}),
+        ([], {"target_count_fn": lambda y_pred, y: count_targets(y)}),
+        ([], {"output_transform": lambda x, y, y_pred, loss: loss.item()}),
+    ],
+    ids=["window completed", "window started", "step completed", "a host handler of the step", "target count",
+         "output_transform"],
+)  # fmt: skip
+def test_what_needs_the_host_between_windows_runs_them_one_by_one(device, handlers, options):
+    data = batches()
+    eager = train(False, data, handlers=handlers, **options)
+    programmed = train(True, data, handlers=handlers, **options)
+    assert_same(eager[0], programmed[0], device)
+    assert not programmed[2]
+
+
+def test_a_learning_rate_schedule_between_batches_reaches_every_step(device):
+    def schedule(trainer, model, optimizer):
+        scheduler = LRScheduler(torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5))
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, scheduler)
+
+    data = batches()
+    eager = train(False, data, handlers=[schedule])
+    programmed = train(True, data, handlers=[schedule])
+    assert_same_run(eager, programmed, device)
+    assert len(programmed[2]) == WINDOWS
+
+
+@pytest.mark.cpu_only("the NaN window is picked in Python by counting loss_fn's calls, which a replay does not make")
+def test_non_finite_gradients_in_a_batch_program_name_the_first_refused_step(device):
+    data = batches()
+    calls = [0]
+
+    def poisoned(y_pred, y):  # NaN in the 13th window's loss, in the third batch (a batch program)
+        calls[0] += 1
+        loss = loss_fn(y_pred, y)
+        return loss * torch.nan if calls[0] == 13 else loss
+
+    torch.manual_seed(0)
+    model = CharModel().double()
+    trainer = create_tbptt_trainer(
+        model, fused_adam(model.parameters()), poisoned, 5, carry_hidden=True, cuda_graphs=programs(True)
+    )
+    with counting_windows() as windows, pytest.raises(FloatingPointError, match=r"optimizer step 13 \(window 13"):
+        trainer.run(data, max_epochs=1)
+    # The first batch's last 3 windows, the second's 5, the third's 5, whose steps after the 13th were skipped too.
+    assert len(windows) == 13
+
+
+def test_batches_that_are_streams_of_their_own_run_all_but_their_first_window_at_once(device):
+    data = batches()
+    eager = train(False, data, carry_hidden=False)
+    programmed = train(True, data, carry_hidden=False)
+    assert_same_run(eager, programmed, device)
+    # Each batch's first window has no state yet, and the run's second is the model call's check.
+    assert len(programmed[2]) == (5 - 2) + 7 * (5 - 1)
