@@ -18,6 +18,7 @@ from ignite_tbptt.runtime import batch_programs
 
 from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
 from .test_step_programs import fused_adam, fused_sgd
+from .test_step_programs import train as train_stepping
 
 
 @contextlib.contextmanager
@@ -34,18 +35,15 @@ def counting_windows():
         yield runs
 
 
-def train(cuda_graphs, data, make=fused_sgd, handlers=(), dtype=torch.float64, epochs=2, **options):
-    torch.manual_seed(0)
-    model = CharModel().to(dtype)
-    optimizer = make(model.parameters())
-    options = {"k1": 5, "carry_hidden": True, **options}
-    trainer = create_tbptt_trainer(model, optimizer, loss_fn, cuda_graphs=programs(cuda_graphs), **options)
-    for attach in handlers:
-        attach(trainer, model, optimizer)
+def train(cuda_graphs, data, make=fused_sgd, handlers=(), **options):
+    """``test_step_programs.train``, counting the windows batch programs ran and keeping each iteration's output."""
     outputs = []
-    trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: outputs.append(engine.state.output))
+
+    def collect(trainer, model, optimizer):
+        trainer.add_event_handler(Events.ITERATION_COMPLETED, lambda engine: outputs.append(engine.state.output))
+
     with counting_windows() as windows:
-        trainer.run(data, max_epochs=epochs)
+        model, trainer, _ = train_stepping(cuda_graphs, data, make, [*handlers, collect], **options)
     return model, trainer, windows, outputs
 
 
