@@ -47,6 +47,7 @@ def run_at_once(
         not executor.runs_programs
         or keep_predictions
         or executor.target_count_fn is not None
+        and step.scaler is not None
         or programs is None
         or not programs.supported
         or step.distributed
@@ -60,7 +61,7 @@ def run_at_once(
     handlers = loop.listener.quiet_step_handlers()
     if handlers is None:
         return False
-    planned = _windows(loop, batch, y, resets, one_window_per_step)
+    planned = _windows(loop, batch, y, resets, one_window_per_step, executor.target_count_fn is not None)
     if planned is None:
         return False
     windows, divisors = planned
@@ -81,14 +82,21 @@ def run_at_once(
 
 
 def _windows(
-    loop: StreamLoop, batch: BatchPlan, y: Any, resets: dict[int, torch.Tensor], one_window_per_step: bool
+    loop: StreamLoop,
+    batch: BatchPlan,
+    y: Any,
+    resets: dict[int, torch.Tensor],
+    one_window_per_step: bool,
+    counted: bool,
 ) -> tuple[tuple[BatchWindow, ...], list[int]] | None:
-    # The batch's windows as the loop will plan them, on a copy of its planner; None where one is not a whole,
+    # The batch's windows as the loop will plan them, on a copy of its planner, and each step's divisor (counted by
+    # target_count_fn on the device: the targets of its windows before the batch); None where one is not a whole,
     # replayable, unrecorded window, or there are fewer than two.
     planner, step = copy.copy(loop.planner), loop.optimizer_step
     offset, position = batch.start, loop.stream.position
     number = loop.listener.position()[3]  # the windows so far
     accumulated, targets = step.accumulated, step.targets
+    carried = step.targets  # counted before the batch, on the host: the first step's windows of earlier batches
     windows, divisors = [], []
     while position < batch.end:
         number += 1
@@ -106,7 +114,7 @@ def _windows(
             BatchWindow(start, end, start in resets, plan.backward_mean, n, first, len(divisors) if completes else None)
         )
         if completes:
-            divisors.append(1 if plan.backward_mean else targets)
-            accumulated = targets = 0
+            divisors.append(carried if counted else 1 if plan.backward_mean else targets)
+            accumulated = targets = carried = 0
         position = plan.end
     return (tuple(windows), divisors) if len(windows) > 1 else None

@@ -154,6 +154,8 @@ class OptimizerStep:
             if targets:
                 distributed.all_reduce_gradients(self.parameters())
         if not targets:
+            if self.replayed and handlers is not None:  # a batch program skipped it on the device
+                self.replayed.popleft()
             return 0
         divisor = 1 if backward_mean else targets
         if self.replayed and handlers is not None:  # a batch program took it already

@@ -17,8 +17,12 @@ It applies to a batch where all of these hold (the loop checks them; otherwise t
   host would see the model after the whole batch;
 - the optimizer's steps can run as step programs (:mod:`~ignite_tbptt.runtime.step_programs`), and ``zero_grad`` is
   torch's own;
-- the target counts are fixed by the shapes (no ``target_count_fn``), and the predictions are not kept for
-  ``output_transform``.
+- the predictions are not kept for ``output_transform``; with ``target_count_fn``, no ``GradScaler``.
+
+``target_count_fn``'s counts stay on the device through the batch, as in a window program: each window's loss is
+backpropagated as the count times its mean, a window without targets adds no gradient, each step is divided by its
+windows' counts, and a step without targets is skipped on the device (without counting as refused), as an eager
+one is not taken. The counts are read once, after the batch, for the host's walk.
 
 Its results are the eager trainer's: the same operations on the same values, in the same order.
 """
@@ -48,7 +52,7 @@ class BatchWindow(NamedTuple):
     resets: bool
     #: Whether its loss is backpropagated as the mean (its step's only window) rather than the sum.
     backward_mean: bool
-    #: Its target count (the targets' number of elements).
+    #: The targets' number of elements: its target count, without ``target_count_fn``.
     targets: int
     #: Whether it is the first window of its optimizer step: its gradients are copied into the buffers, not added.
     first_of_step: bool
@@ -67,6 +71,8 @@ class BatchResults(NamedTuple):
     decisions: list[torch.Tensor]
     #: Each step's outputs of the handlers that ran inside it, in their order.
     handled: list[list[Any]]
+    #: Each window's target count from ``target_count_fn``, a 0-dim int64 tensor; empty without it.
+    counts: list[torch.Tensor]
 
 
 class BatchProgram:
@@ -101,6 +107,7 @@ class BatchProgram:
         columns = executor.model_call.layout.columns(x)
         self.starts = [torch.zeros(columns, dtype=torch.bool, device=x.device) if w.resets else None for w in windows]
         count = sum(w.step is not None for w in windows)
+        # Each step's divisor, or with target_count_fn the targets its windows before the batch counted.
         self.divisors = [torch.ones((), dtype=torch.float64, device=x.device) for _ in range(count)]
         self.program = Program(self._body, executor.graphs, "the batch's windows")
         self.gradients: list[bool] | None = None  # which trained parameters hold a gradient after the batch
@@ -108,7 +115,11 @@ class BatchProgram:
     def __call__(
         self, x: torch.Tensor, y: torch.Tensor, hidden: Any, resets: dict[int, torch.Tensor], divisors: list[int]
     ) -> BatchResults:
-        """Run the batch's windows and steps on ``x``, ``y`` from ``hidden``; ``divisors``: each step's divisor."""
+        """Run the batch's windows and steps on ``x``, ``y`` from ``hidden``.
+
+        ``divisors``: each step's divisor; with ``target_count_fn``, the targets of its windows before the batch
+        (the first step's, if the batch goes on with an accumulation; else 0).
+        """
         with torch.no_grad():
             self.x.copy_(x)
             self.y.copy_(y)
@@ -132,14 +143,24 @@ class BatchProgram:
     def _body(self) -> BatchResults:
         executor, steps = self.executor, self.steps
         rule, layout, trained = executor.loss, executor.model_call.layout, executor.trained
+        count_fn = executor.target_count_fn
         state = self.tree
-        results = BatchResults([], [], [], [])
+        results = BatchResults([], [], [], [], [])
+        step_counts: list[torch.Tensor] = []  # the counts of the open step's windows
         for window, starts in zip(self.windows, self.starts):
             x, y = layout.steps(self.x, window.start, window.end), layout.steps(self.y, window.start, window.end)
             y_pred, hidden_out = executor.model_call(x, state, None, False, starts)
             mean = rule.mean(y_pred, y, window.targets)
-            root = rule.root(rule.backpropagated(mean, window.targets, window.backward_mean))
+            count = None
+            if count_fn is not None:  # as a window program counts: a 0-dim integer, on the device
+                count = torch.as_tensor(count_fn(y_pred, y)).reshape(()).long()
+                results.counts.append(count)
+                step_counts.append(count)
+            targets = window.targets if count is None else count
+            root = rule.root(rule.backpropagated(mean, targets, window.backward_mean))
             grads = torch.autograd.grad(root, trained, allow_unused=True)
+            if count is not None:  # a window without targets adds nothing (its mean is 0 / 0)
+                grads = tuple(None if g is None else torch.where(count > 0, g, 0.0) for g in grads)
             flat = [t.detach() for t in hs.flatten(hidden_out)]
             detached = hs.unflatten(hidden_out, flat)
             if executor.capture:  # as a window program does: no cache keeps this window's graph
@@ -151,8 +172,15 @@ class BatchProgram:
             executor.gradients.take(trained, grads)
             results.means.append(mean.detach())
             if window.step is not None:
-                steps.divide(self.divisors[window.step])
-                results.handled.append(steps.step(self.handlers))
+                divisor, skip = self.divisors[window.step], None
+                if count_fn is not None:
+                    total = divisor + torch.stack(step_counts).sum()
+                    # No targets: skipped, not refused (the fused kernels skip where found_inf is exactly 1).
+                    skip = torch.maximum(steps.found, (total == 0).to(steps.found.dtype))
+                    divisor = torch.ones_like(divisor) if window.backward_mean else total.clamp(min=1)
+                    step_counts = []
+                steps.divide(divisor)
+                results.handled.append(steps.step(self.handlers, skip))
                 if steps.scaler is None:
                     results.decisions.append(steps.found.clone())
         results.state.extend(hs.flatten(state))

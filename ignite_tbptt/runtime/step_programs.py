@@ -207,8 +207,11 @@ class StepPrograms:
         else:
             divide_and_check(grads, divisor, into=self.found)
 
-    def step(self, handlers: Sequence[StepHandler]) -> list:
+    def step(self, handlers: Sequence[StepHandler], skip: torch.Tensor | None = None) -> list:
         """The step's second part: the device parts of ``handlers``, the optimizer's step, the scale's update.
+
+        ``skip``: what the optimizer is handed as ``found_inf`` instead of the decision (a batch program's step
+        without targets is skipped so, without counting as refused); without a scaler only.
 
         Returns:
             The handlers' outputs, in order.
@@ -224,7 +227,7 @@ class StepPrograms:
                 scaler.step(optimizer)
                 scaler.update()
             else:
-                optimizer.found_inf = self.found
+                optimizer.found_inf = self.found if skip is None else skip
                 try:
                     optimizer.step()
                 finally:

@@ -295,7 +295,9 @@ class ProgramExecutor(SegmentExecutor):
         self.let_state_graph_go()
         results = program(x, y, self.stream.hidden, resets, divisors)
         self.stream.hidden = hs.unflatten(self.stream.hidden, results.state)
-        self.replayed = deque(zip(results.means, (w.targets for w in program.windows)))
+        # The counts target_count_fn made on the device: one read for the batch, where a window reads its own.
+        counts = torch.stack(results.counts).tolist() if results.counts else [w.targets for w in program.windows]
+        self.replayed = deque(zip(results.means, counts))
         self._batch_program = program
         return results
 

@@ -125,11 +125,11 @@ def listening(event):
         ([listening(TBPTTEvents.WINDOW_STARTED)], {}),
         ([listening(TBPTTEvents.OPTIMIZER_STEP_COMPLETED)], {}),
         ([listening(TBPTTEvents.OPTIMIZER_STEP_STARTED)], {}),
-        ([], {"target_count_fn": lambda y_pred, y: count_targets(y)}),
+        ([], {"target_count_fn": lambda y_pred, y: count_targets(y), "scaler": True, "dtype": torch.float32}),
         ([], {"output_transform": lambda x, y, y_pred, loss: loss.item()}),
     ],
-    ids=["window completed", "window started", "step completed", "a host handler of the step", "target count",
-         "output_transform"],
+    ids=["window completed", "window started", "step completed", "a host handler of the step",
+         "target count with a scaler", "output_transform"],
 )  # fmt: skip
 def test_what_needs_the_host_between_windows_runs_them_one_by_one(device, handlers, options):
     data = batches()
@@ -179,3 +179,42 @@ def test_batches_that_are_streams_of_their_own_run_all_but_their_first_window_at
     assert_same_run(eager, programmed, device)
     # Each batch's first window has no state yet, and the run's second is the model call's check.
     assert len(programmed[2]) == (5 - 2) + 7 * (5 - 1)
+
+
+def summed_over_counted(y_pred, y):
+    """The mean over the real targets as a sum over their count: its gradient is NaN (0 / 0) without any.
+
+    (Cross-entropy alone gives ignored targets a gradient of exactly 0 whatever flows into it; the term that adds
+    nothing here lets the NaN reach the predictions, as a loss of one's own might.)
+    """
+    mask = (y != -100).flatten()
+    losses = torch.nn.functional.cross_entropy(y_pred.flatten(0, 1).float(), y.flatten(), reduction="none")
+    losses = losses + 0.0 * y_pred.float().mean(-1).flatten()
+    return (losses * mask).sum() / mask.sum()
+
+
+@pytest.mark.parametrize("accumulation", [1, 2], ids=["a step a window", "2 windows a step"])
+def test_target_counts_stay_on_the_device_through_the_batch(device, accumulation):
+    # Padding (-100) here and there, a window of padding only (the second batch's [5, 10)), and with 2 windows a step
+    # a step of padding only (the third batch's [10, 20): the epoch's windows 13 and 14): no gradient from them, and
+    # no step taken where there is no target, as eagerly.
+    data = []
+    for i, (x, y) in enumerate(batches()):
+        y = y.clone()
+        y[2, 1] = y[13, 3] = y[21, 0] = -100
+        if i == 1:
+            y[5:10] = -100
+        if i == 2:
+            y[10:20] = -100
+        data.append((x, y))
+    options = {
+        "target_count_fn": lambda y_pred, y: count_targets(y),
+        "gradient_accumulation_steps": accumulation,
+        "loss": summed_over_counted,
+    }
+    eager = train(False, data, fused_adam, **options)
+    programmed = train(True, data, fused_adam, **options)
+    assert_same_run(eager, programmed, device)
+    assert len(programmed[2]) == WINDOWS
+    # The steps without targets were not taken: 3 windows of padding only an epoch, or 1 step of 2 of them.
+    assert eager[1].state.optimizer_step == (2 * (20 - 3) if accumulation == 1 else 2 * (10 - 1))
