@@ -11,6 +11,7 @@ import ignite.distributed as idist
 import torch
 from ignite.contrib.engines.tbptt import Tbptt_Events
 from ignite.engine import Engine, Events
+from ignite.handlers.base_logger import BaseOptimizerParamsHandler, BaseOutputHandler
 
 from ..data.batch import split_batch
 from ..layout import Layout
@@ -360,8 +361,9 @@ class _EngineListener:
 
     def quiet_step_handlers(self) -> StepHandlers | None:
         handlers = self.events.handlers
-        if any(handlers[i] for i in (_STARTED, _TIME_STARTED, _STEP_COMPLETED, _COMPLETED, _TIME_COMPLETED)):
-            return None
+        for i in (_STARTED, _TIME_STARTED, _STEP_COMPLETED, _COMPLETED, _TIME_COMPLETED):
+            if not all(reads_state_only(func) for func, _, _ in handlers[i]):
+                return None
         inside = self.step_handlers()
         return None if inside.on_host else inside
 
@@ -410,6 +412,23 @@ def _step_handlers(engine: Engine, entries: list) -> StepHandlers:
         inside.append(StepHandler(partial(func.device_part, engine), partial(func.host_part, engine), id(func)))
     inside.reverse()
     return StepHandlers(tuple(inside), len(inside) < len(entries))
+
+
+def reads_state_only(handler: Any) -> bool:
+    """Whether ``handler`` only reads what a window or a step leaves in ``engine.state`` (it may log it).
+
+    Such a handler may run after a batch program, as the host walks the batch's windows, each with its own state:
+    ignite's loggers' handlers (``BaseOutputHandler``, ``BaseOptimizerParamsHandler``), and any handler (a function
+    or an object) with an attribute ``reads_state_only = True``. ignite's filtered events wrap a handler
+    (``__wrapped__``): the handler itself is asked.
+    """
+    while handler is not None:
+        if getattr(handler, "reads_state_only", False) is True:
+            return True
+        if isinstance(handler, (BaseOutputHandler, BaseOptimizerParamsHandler)):
+            return True
+        handler = getattr(handler, "__wrapped__", None)
+    return False
 
 
 def _in_step(func: Any) -> bool:

@@ -40,7 +40,13 @@ def _peak_memory_mib(device: torch.device) -> float | None:
 
 
 class _Telemetry:
-    """Puts what the "train" section logs into ``engine.state`` just before it is logged."""
+    """Puts what the "train" section logs into ``engine.state`` just before it is logged.
+
+    After a batch program (several windows per replay) the windows are logged as the host walks them, right after
+    the replay: ``targets_per_second`` is then measured between two logs across batches, not within one.
+    """
+
+    reads_state_only = True  # it writes only the logged values into engine.state
 
     def __init__(self, trainer: Engine, step: TBPTTStep) -> None:
         self.last_time: float | None = None
@@ -74,8 +80,13 @@ def _log_k2(engine: Engine, tb: TensorboardLogger, step: Any) -> None:
         tb.writer.add_scalar("train/k2", k2, step(engine, TBPTTEvents.WINDOW_COMPLETED))
 
 
+_log_k2.reads_state_only = True  # type: ignore[attr-defined]
+
+
 class _ReachLog:
     """Logs :class:`~ignite_tbptt.GradientReach`'s profiles: a scalar per recorded window, a picture now and then."""
+
+    reads_state_only = True
 
     def __init__(self, tb: TensorboardLogger, step: Any, picture_every: int) -> None:
         self.tb, self.step, self.picture_every = tb, step, picture_every
@@ -97,6 +108,13 @@ class _ReachLog:
             if any(v > 0 for p in self.profiles for v in p.values()):
                 self.tb.writer.add_figure("gradient_reach", plot_reach(self.profiles), step)
             self.profiles = []
+
+
+def _fire_tokens_logged(engine: Engine) -> None:
+    engine.fire_event(_TokensLogged.TRAIN)  # its handler, ignite's OptimizerParamsHandler, only logs
+
+
+_fire_tokens_logged.reads_state_only = True  # type: ignore[attr-defined]
 
 
 def _learned(engine: Engine, window: int, every: int) -> bool:
@@ -202,7 +220,7 @@ def attach_tensorboard(
     lr_event: Any = window_event
     if x_axis == "tokens":
         trainer.register_events(*_TokensLogged, event_to_attr={_TokensLogged.TRAIN: "targets_seen"})
-        trainer.add_event_handler(window_event, lambda engine: engine.fire_event(_TokensLogged.TRAIN))
+        trainer.add_event_handler(window_event, _fire_tokens_logged)
         lr_event = _TokensLogged.TRAIN
     tb.attach(trainer, OptimizerParamsHandler(tbptt.optimizer, tag="train"), lr_event)
     # Whether a GradientReach or an AdaptiveTruncation is attached, before or after this call, shows in the state.

@@ -218,3 +218,46 @@ def test_target_counts_stay_on_the_device_through_the_batch(device, accumulation
     assert len(programmed[2]) == WINDOWS
     # The steps without targets were not taken: 3 windows of padding only an epoch, or 1 step of 2 of them.
     assert eager[1].state.optimizer_step == (2 * (20 - 3) if accumulation == 1 else 2 * (10 - 1))
+
+
+def test_handlers_that_only_read_the_state_run_after_the_replay_each_with_its_windows_state(device, tmp_path):
+    # The main job's handlers: clipping, the TensorBoard logger (ignite's handlers and the package's own, which only
+    # read the state), target counts; and a handler of one's own marked reads_state_only.
+    from ignite_tbptt import attach_tensorboard
+
+    def main_jobs(folder, records):
+        def record(engine):
+            state = engine.state
+            records.append(
+                (state.window, state.window_bounds, float(state.window_loss), state.window_targets,
+                 float(state.grad_norm), state.optimizer_step, state.targets_seen)
+            )  # fmt: skip
+
+        record.reads_state_only = True
+
+        def attach(trainer, model, optimizer):
+            GradientClipping(model, max_norm=0.5).attach(trainer)
+            attach_tensorboard(trainer, folder, every=2)
+            trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, record)
+
+        return attach
+
+    data, eager_records, records = batches(), [], []
+    options = {"target_count_fn": lambda y_pred, y: count_targets(y)}
+    eager = train(False, data, fused_adam, [main_jobs(tmp_path / "eager", eager_records)], **options)
+    programmed = train(True, data, fused_adam, [main_jobs(tmp_path / "programs", records)], **options)
+    assert_same_run(eager, programmed, device)
+    assert len(programmed[2]) == WINDOWS
+    assert records == eager_records and len(records) == 40  # each window's own state, in order
+
+
+def test_a_handler_not_marked_as_reading_only_keeps_the_windows_one_by_one(device):
+    def record(engine):
+        pass
+
+    def attach(trainer, model, optimizer):
+        trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED(every=2), record)
+
+    assert not train(True, batches(), handlers=[attach])[2]
+    record.reads_state_only = True  # through ignite's wrapper of a filtered event
+    assert len(train(True, batches(), handlers=[attach])[2]) == WINDOWS

@@ -251,10 +251,15 @@ def test_a_ctrl_c_before_training_starts_still_stops_the_run_with_a_checkpoint(t
 
 
 @pytest.fixture
-def two_processes(device):
-    """``--device`` for a run of two processes: each on a GPU of its own on CUDA, so skipped with fewer."""
+def two_processes(device, monkeypatch, free_port):
+    """``--device`` for a run of two processes: each on a GPU of its own on CUDA, so skipped with fewer.
+
+    Their rendezvous is on a free port (ignite's ``Parallel`` reads ``MASTER_PORT``; its default, 2222, would be
+    taken by such a run of the other pytest worker).
+    """
     if device.type == "cuda" and torch.cuda.device_count() < 2:
         pytest.skip("two processes on CUDA need two GPUs")
+    monkeypatch.setenv("MASTER_PORT", str(free_port))
     return ["--device", str(device)]
 
 
