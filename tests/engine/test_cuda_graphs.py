@@ -412,14 +412,16 @@ class KeepsItsState(nn.Module):
         return self.out(torch.stack(outputs))
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["window programs", "batch programs (fused Adam)"])
 @pytest.mark.parametrize("starts", [False, True], ids=["one stream", "sequence starts at windows' first steps"])
-def test_state_kept_in_the_models_attributes(device, starts):
+def test_state_kept_in_the_models_attributes(device, starts, fused):
     # The attribute is written from the program's static buffers and read back from the model after the call; at
-    # a sequence start the trainer's reset zeroes the column's state in the tree the program copies in.
+    # a sequence start the trainer's reset zeroes the column's state in the tree the program copies in. With a fused
+    # optimizer the rest of each batch is one program, the attribute carried from window to window inside it.
     data = with_window_starts(batches()) if starts else batches()
 
     def adam(params):
-        return torch.optim.Adam(params, lr=0.01)
+        return torch.optim.Adam(params, lr=0.01, fused=fused or None)
 
     def reset(state, starts):  # the state's tensors, (B, H) in the attribute's tree: zero the starting columns
         return {"modules": {"h": state["modules"]["h"].masked_fill(starts[:, None], 0.0)}, "returned": None}
@@ -431,6 +433,7 @@ def test_state_kept_in_the_models_attributes(device, starts):
     # 5 windows a batch, 8 batches, a stream an epoch: each stream's first window and the run's second run eagerly,
     # the others as programs (the starts fall at windows' first steps, which a program resets as a mask).
     assert len(runs) == 40 - 2 - 1
+    assert all(isinstance(r, batch_programs.BatchProgram) for r in runs) is fused
     assert_same_parameters(eager, graphed_params, device)
 
 
@@ -475,7 +478,8 @@ def test_a_target_count_on_the_device_normalises_as_the_eager_trainer_does(devic
     assert not all(torch.equal(p, q) for p, q in zip(eager.parameters(), uncounted.parameters()))
 
 
-def test_snntorch_neurons_keeping_their_membranes_in_attributes(device):
+@pytest.mark.parametrize("fused", [False, True], ids=["window programs", "batch programs (fused Adam)"])
+def test_snntorch_neurons_keeping_their_membranes_in_attributes(device, fused):
     # The spiking example's network: snnTorch's Leaky(init_hidden=True) neurons, their membranes named by
     # module_state. The heaviside spike and its surrogate gradient run in the program as in an eager call. In float32:
     # snnTorch's spikes are float32 whatever the membrane's dtype.
@@ -490,7 +494,7 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device):
     def trained(cuda_graphs):
         torch.manual_seed(0)
         model = SpikingSpeakerNet(hidden=16).to(torch.get_default_device())
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.01, fused=fused or None)
         trainer = create_tbptt_trainer(
             model, optimizer, loss_fn, k1=5, carry_hidden=True, module_state=STATE, cuda_graphs=programs(cuda_graphs)
         )
@@ -501,4 +505,5 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device):
     with counting_programs() as runs:
         graphed_params = trained(True)
     assert len(runs) == 40 - 2 - 1  # 5 windows a batch, 4 batches, 2 epochs of one stream each
+    assert all(isinstance(r, batch_programs.BatchProgram) for r in runs) is fused
     assert_same_parameters(eager, graphed_params, device, rtol=1e-5, atol=1e-6)  # captured kernels: float32
