@@ -15,7 +15,9 @@ microseconds per window (the fastest of ``--repeats`` interleaved runs):
 - ``ours, cuda_graphs, a window per replay``: the same with a handler on ``TBPTTEvents.WINDOW_COMPLETED`` (which
   does nothing), so that each window is a window program and each step a step program, with the host between them.
 
-On the CPU (``--device cpu``, the dry run) the programs run uncaptured, which only shows that they run.
+A second table gives the programs each ``cuda_graphs`` row kept (window, batch and step programs: one graph each
+when captured) and, on CUDA, the memory they hold while the trainer lives (their graphs' pool, static buffers and
+gradients). On the CPU (``--device cpu``, the dry run) the programs run uncaptured, which only shows that they run.
 """
 
 from __future__ import annotations
@@ -69,14 +71,27 @@ def hand_captured(model, optimizer, batches, k1, k2, device):
     torch.cuda.synchronize(device)
 
 
+#: For each cuda_graphs row, what its last run kept: programs of each kind, and on CUDA the memory they hold.
+PROGRAMS: dict[str, dict] = {}
+
+
 def graphed(model, optimizer, batches, k1, k2, device, window_by_window=False):
     """``create_tbptt_trainer(..., cuda_graphs=True)``; uncaptured programs where the device has no graphs."""
     programs = True if device.type == "cuda" else "uncaptured"
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     trainer = create_tbptt_trainer(model, optimizer, methods.loss_fn, k1, k2, cuda_graphs=programs)
     if window_by_window:  # a handler on a window's event needs the host after each window
         trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda engine: None)
     trainer.run(batches)
     methods._sync(device)
+    loop = trainer.tbptt.loop
+    PROGRAMS["window_by_window" if window_by_window else "batches"] = {
+        "window": len(loop.executor.programs),
+        "batch": len(loop.executor.batch_programs),
+        "step": len(loop.optimizer_step.programs.programs),
+        # Held while the trainer lives: the graphs' pools, the static buffers and gradients (fused SGD keeps no state).
+        "mib": (torch.cuda.memory_allocated(device) - before) / 2**20 if device.type == "cuda" else None,
+    }
 
 
 def graphed_window_by_window(model, optimizer, batches, k1, k2, device):
@@ -136,6 +151,24 @@ def table(rows: list[dict]) -> str:
     )
 
 
+def programs_table() -> str:
+    """The programs each cuda_graphs row kept, and the memory they hold on CUDA."""
+    names = {"batches": "ours, cuda_graphs", "window_by_window": "ours, cuda_graphs, a window per replay"}
+    return markdown_table(
+        ["row", "window programs", "batch programs", "step programs", "memory held (MiB)"],
+        [
+            [
+                names[key],
+                str(p["window"]),
+                str(p["batch"]),
+                str(p["step"]),
+                "-" if p["mib"] is None else f"{p['mib']:.1f}",
+            ]
+            for key, p in PROGRAMS.items()
+        ],
+    )
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -150,11 +183,17 @@ def main(argv=None):
         torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {platform.processor() or 'one thread'}"
     )
     setup = f"{name}, torch {torch.__version__}; GRU of 8 units, batch 4, k1 = k2 = {K}, fused SGD, {args.steps} steps"
-    print(f"{setup}\n\n{table(rows)}")
+    print(f"{setup}\n\n{table(rows)}\n\n{programs_table()}")
     if args.markdown:
         intro = __doc__.split("\n\n", 1)[1]
         write_page(
-            args.markdown, "launch-bound windows and CUDA graphs", "benchmarks.graphs", argv, setup, intro, table(rows)
+            args.markdown,
+            "launch-bound windows and CUDA graphs",
+            "benchmarks.graphs",
+            argv,
+            setup,
+            intro,
+            f"{table(rows)}\n\n{programs_table()}",
         )
 
 
