@@ -261,3 +261,30 @@ def test_a_handler_not_marked_as_reading_only_keeps_the_windows_one_by_one(devic
     assert not train(True, batches(), handlers=[attach])[2]
     record.reads_state_only = True  # through ignite's wrapper of a filtered event
     assert len(train(True, batches(), handlers=[attach])[2]) == WINDOWS
+
+
+@pytest.mark.parametrize("stop_at", [2, 3])
+def test_a_run_resumed_mid_accumulation_ends_as_the_uninterrupted_one(tmp_path, device, stop_at):
+    # 3 windows a step: the checkpoint after 10 or 15 windows holds 1 or 0 windows' gradients, kept in the static
+    # buffers by the batch programs and saved from .grad.
+    from ..helpers import assert_resume_is_bit_identical
+
+    def build():
+        torch.manual_seed(0)
+        model = CharModel().double()
+        optimizer = fused_adam(model.parameters())
+        trainer = create_tbptt_trainer(
+            model,
+            optimizer,
+            loss_fn,
+            5,
+            carry_hidden=True,
+            gradient_accumulation_steps=3,
+            deterministic=True,
+            cuda_graphs=programs(True),
+        )
+        return model, optimizer, trainer
+
+    with counting_windows() as windows:
+        assert_resume_is_bit_identical(tmp_path, build, batches(), stop_at=stop_at, epochs=2)
+    assert windows  # batch programs ran in each of the three runs
