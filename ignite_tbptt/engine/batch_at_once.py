@@ -46,8 +46,8 @@ def run_at_once(
     if (
         not executor.runs_programs
         or keep_predictions
-        or executor.target_count_fn is not None
-        and step.scaler is not None
+        or step.scaler is not None  # whether it skipped a step is read after each, to restart an overflowed state
+        or (executor.target_count_fn is not None and not step.stepped)  # a skipped first step leaves no state
         or programs is None
         or not programs.supported
         or step.distributed
@@ -68,6 +68,7 @@ def run_at_once(
     _, settings = programs.ready(need_gradients=False)
     trained = [p.grad is not None for p in executor.trained]
     key = (x.shape, x.dtype, y.shape, y.dtype, windows, tuple(h.key for h in handlers.on_device), tuple(trained))
+    key += programs.identity()
 
     def make() -> BatchProgram:
         return BatchProgram(executor, programs, handlers.on_device, windows, x, y, loop.stream.hidden, settings)

@@ -64,6 +64,8 @@ class OptimizerStep:
         #: Each step a batch program took (:mod:`ignite_tbptt.runtime.batch_programs`): its decision (``None``
         #: with a scaler) and its handlers' outputs, for the host's walk of the batch.
         self.replayed: deque[tuple[torch.Tensor | None, list]] | None = None
+        #: Whether a step was taken (the optimizer's state exists), in this trainer's life.
+        self.stepped = False
         self._replayed_step: tuple[tuple[int, int, int, int, int], StepHandlers] | None = None
         self.accumulated = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
@@ -239,12 +241,14 @@ class OptimizerStep:
             for handler, output in zip(handlers.on_device, outputs):
                 handler.host_part(output)
             return False
+        self.stepped = True
         if self._program is not None:
             (program, position), self._program = self._program, None
-            program.step()
+            skipped = program.step()
             if self.scaler is None:  # its decision, kept for take_failure(): the buffer goes on to the next step
                 self._found_inf.append((self.programs.found.clone(), position))
-            return False  # the scaler's decision is not read: no retained segment needs the history cut
+            # With a scaler, whether it skipped the step: one read, as the eager step reads it.
+            return skipped is not None and bool(skipped.item())
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             skipped = self._scaler_skipped()

@@ -48,6 +48,19 @@ def keep_norm(engine: Engine, norm: torch.Tensor, norm_type: float = 2.0) -> Non
         engine.state.grad_norm, engine.state.grad_norm_stamp = norm, stamp
 
 
+def step_norm(shared: dict, parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
+    """Inside a step program: the step's norm, computed by the first handler that asks and kept in ``shared``.
+
+    What :func:`gradient_norm` does eagerly with ``engine.state``: every handler of the step gets the norm before any
+    clipping.
+    """
+    key = ("norm", float(norm_type))
+    norm = shared.get(key)
+    if norm is None:
+        norm = shared[key] = total_norm(parameters, norm_type)
+    return norm
+
+
 def total_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
     """The total ``norm_type``-norm of the parameters' gradients, as ``clip_grad_norm_`` computes it (0 without any)."""
     grads = [p.grad for p in parameters if p.grad is not None]
@@ -113,14 +126,14 @@ class GradientClipping:
         if params:
             self._clip([p.grad for p in params], norm)
 
-    def device_part(self, engine: Engine) -> torch.Tensor:
+    def device_part(self, engine: Engine, shared: dict) -> torch.Tensor:
         """Inside a step program (``cuda_graphs``): the norm and the clipping, device operations only; the norm.
 
-        The norm is computed here, not taken from ``engine.state``: a captured step reads nothing the host made
-        for one step only.
+        The norm is the step's first, computed inside the program (``shared`` holds it for the step's handlers), not
+        taken from ``engine.state``: a captured step reads nothing the host made for one step only.
         """
         params = [p for p in self.parameters() if p.grad is not None]
-        norm = total_norm(params, self.norm_type)
+        norm = step_norm(shared, params, self.norm_type)
         if params:
             self._clip([p.grad for p in params], norm)
         return norm

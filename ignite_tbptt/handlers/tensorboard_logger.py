@@ -15,7 +15,7 @@ from ignite.handlers.tensorboard_logger import OptimizerParamsHandler
 
 from ..checks import positive_int
 from ..engine import DeterministicTBPTTEngine, TBPTTEngine, TBPTTEvents, TBPTTStep
-from .gradient_clipping import gradient_norm, keep_norm, total_norm
+from .gradient_clipping import gradient_norm, keep_norm, step_norm
 
 __all__ = ["attach_tensorboard"]
 
@@ -130,8 +130,8 @@ class _GradientNorm:
     def __call__(self, engine: Engine) -> None:
         gradient_norm(engine, self.params)
 
-    def device_part(self, engine: Engine) -> torch.Tensor:
-        return total_norm(self.params)
+    def device_part(self, engine: Engine, shared: dict) -> torch.Tensor:
+        return step_norm(shared, self.params)
 
     def host_part(self, engine: Engine, norm: torch.Tensor) -> None:
         keep_norm(engine, norm)

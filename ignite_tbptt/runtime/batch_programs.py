@@ -17,7 +17,10 @@ It applies to a batch where all of these hold (the loop checks them; otherwise t
   host would see the model after the whole batch;
 - the optimizer's steps can run as step programs (:mod:`~ignite_tbptt.runtime.step_programs`), and ``zero_grad`` is
   torch's own;
-- the predictions are not kept for ``output_transform``; with ``target_count_fn``, no ``GradScaler``.
+- the predictions are not kept for ``output_transform``, and there is no ``GradScaler`` (whether it skipped a step
+  is read after each step, to restart a hidden state that overflowed, as eagerly);
+- with ``target_count_fn``, the optimizer has taken a step already (its state exists: a step without targets is
+  skipped on the device, and a fused SGD's first step would leave its momentum unset).
 
 ``target_count_fn``'s counts stay on the device through the batch, as in a window program: each window's loss is
 backpropagated as the count times its mean, a window without targets adds no gradient, each step is divided by its
@@ -180,7 +183,7 @@ class BatchProgram:
                     divisor = torch.ones_like(divisor) if window.backward_mean else total.clamp(min=1)
                     step_counts = []
                 steps.divide(divisor)
-                results.handled.append(steps.step(self.handlers, skip))
+                results.handled.append(steps.step(self.handlers, skip)[0])  # no scaler: nothing else to read
                 if steps.scaler is None:
                     results.decisions.append(steps.found.clone())
         results.state.extend(hs.flatten(state))

@@ -24,11 +24,17 @@ CUDA, the dtype torch's fused CUDA kernels read it in). Any other hyper-paramete
 program. Gradients live in static buffers, one per parameter, kept across steps (:class:`StaticGradients`): the
 first window of a step copies its gradients in where an eager backward pass would have set ``.grad``.
 
-A handler of ``OPTIMIZER_STEP_STARTED`` runs inside the program if it has ``device_part(engine)``, which makes only
-device operations and returns tensors, and ``host_part(engine, outputs)``, run on the host after each step with
-those outputs; and if no handler that runs on the host follows it (handlers keep their order). Where a host
-handler is attached to ``OPTIMIZER_STEP_STARTED``, the step runs as two programs, one before it (division and
-check) and one after (the device handlers, the step, the scale's update).
+A handler of ``OPTIMIZER_STEP_STARTED`` runs inside the program if it has ``device_part(engine, shared)``, which
+makes only device operations and returns tensors (``shared``: one dict per step for all such handlers), and
+``host_part(engine, outputs)``, run on the host after each step with those outputs; and if no handler that runs on
+the host follows it (handlers keep their order). Where a host handler is attached to ``OPTIMIZER_STEP_STARTED``,
+the step runs as two programs, one before it (division and check) and one after (the device handlers, the step, the
+scale's update); the learning rates such a handler sets reach the second. With a ``GradScaler``, whether it skipped
+the step is read after each, as eagerly, to restart a hidden state that overflowed.
+
+Values a captured step took from Python at capture stay as they were: ``GradientClipping``'s limit, and the
+optimizer's step hooks, which run at warm-up and capture only. ``capturable`` is set on Adam's and AdamW's groups
+under capture (their check asks for it; their fused kernels do the same either way).
 
 Sources: PyTorch's CUDA semantics notes, "CUDA Graphs" (whole-network capture, the optimizer's step included);
 torch's ``test_graph_scaling_fused_optimizers`` (``GradScaler.step`` and ``update`` captured with fused optimizers);
@@ -52,8 +58,9 @@ __all__ = ["StaticGradients", "StepHandler", "StepHandlers", "StepPrograms", "St
 class StepHandler(NamedTuple):
     """A handler of ``OPTIMIZER_STEP_STARTED`` that runs inside a step program, bound to its engine."""
 
-    #: ``device_part()``: device operations on the step's gradients; returns their outputs (tensors).
-    device_part: Callable[[], Any]
+    #: ``device_part(shared)``: device operations on the step's gradients; returns their outputs (tensors).
+    #: ``shared`` is one dict per step for all its handlers (a norm computed once for the step, say).
+    device_part: Callable[[dict], Any]
     #: ``host_part(outputs)``: after each step, on the host.
     host_part: Callable[[Any], None]
     #: What identifies the handler in a program's key (``id`` of the handler object).
@@ -166,7 +173,7 @@ class StepPrograms:
         if ready is None:
             return None
         present, settings = ready
-        key = (present, tuple(h.key for h in handlers.on_device), handlers.on_host, len(settings))
+        key = (present, tuple(h.key for h in handlers.on_device), handlers.on_host, len(settings), self.identity())
         program = self.programs.get(key)
         if program is not None and not same_settings(program.settings, settings):
             del self.programs[key]  # a hyper-parameter other than the learning rate changed: capture it afresh
@@ -177,6 +184,14 @@ class StepPrograms:
             program = self.programs[key] = StepProgram(self, handlers.on_device, handlers.on_host, settings)
         self.divisor.fill_(divisor)
         return program
+
+    def identity(self) -> tuple:
+        """What a captured step reads that a new program must follow: the parameters' storage, the optimizer's state.
+
+        ``model.to()`` or ``p.data = ...`` moves the parameters; ``optimizer.load_state_dict()`` gives the optimizer
+        a new state (new tensors, in a new dict), which a graph captured before would not update.
+        """
+        return tuple(p.data_ptr() for p in self.parameters()), id(self.optimizer.state)
 
     def ready(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None:
         """Make the buffers ready for a run: gradients in their static buffers, learning rates written.
@@ -205,19 +220,25 @@ class StepPrograms:
             scaler.unscale_(optimizer)  # checks them too, into the scaler's own decision
             torch._foreach_div_(grads, divisor)
         else:
-            divide_and_check(grads, divisor, into=self.found)
+            decision = divide_and_check(grads, divisor, into=self.found)
+            if decision is not self.found:  # several groups (dtypes, devices): only the first checked into it
+                self.found.copy_(decision)
 
-    def step(self, handlers: Sequence[StepHandler], skip: torch.Tensor | None = None) -> list:
+    def step(self, handlers: Sequence[StepHandler], skip: torch.Tensor | None = None) -> tuple[list, Any]:
         """The step's second part: the device parts of ``handlers``, the optimizer's step, the scale's update.
 
         ``skip``: what the optimizer is handed as ``found_inf`` instead of the decision (a batch program's step
         without targets is skipped so, without counting as refused); without a scaler only.
 
         Returns:
-            The handlers' outputs, in order.
+            The handlers' outputs, in order (each given one dict, shared by the step's handlers: a norm computed
+            for the step is computed once, as ``gradient_norm`` does eagerly); and with an enabled scaler, whether
+            it skipped the step (a 0-dim float32 tensor, read by the host as the eager step reads it), else ``None``.
         """
         optimizer, scaler = self.optimizer, self.scaler
-        outputs = [handler.device_part() for handler in handlers]
+        shared: dict = {}
+        outputs = [handler.device_part(shared) for handler in handlers]
+        skipped = None
         groups = optimizer.param_groups
         rates = [group["lr"] for group in groups]
         for group, lr in zip(groups, self.lrs):
@@ -225,6 +246,10 @@ class StepPrograms:
         try:
             if scaler is not None:
                 scaler.step(optimizer)
+                if scaler.is_enabled():
+                    flags = list(scaler._found_inf_per_device(optimizer).values())
+                    if flags:
+                        skipped = torch.stack([f.to(flags[0].device) for f in flags]).amax()
                 scaler.update()
             else:
                 optimizer.found_inf = self.found if skip is None else skip
@@ -235,7 +260,7 @@ class StepPrograms:
         finally:
             for group, rate in zip(groups, rates):
                 group["lr"] = rate
-        return outputs
+        return outputs, skipped
 
     def _buffers(self, params: list[torch.Tensor]) -> None:
         device = params[0].device
@@ -278,25 +303,41 @@ class StepProgram:
         if self.before is not None:
             self.before()
 
-    def step(self) -> None:
-        """Run the rest of the step: the division and check (unless run before), device handlers, step, update."""
-        if self.before is not None:  # a host handler may have given a parameter a new .grad: back into its buffer
-            self.programs.gradients.settle(self.programs.parameters())
-        outputs, fresh = self.after()
+    def step(self) -> torch.Tensor | None:
+        """Run the rest of the step: the division and check (unless run before), device handlers, step, update.
+
+        Returns:
+            With an enabled scaler, whether it skipped the step (a 0-dim tensor); else ``None``.
+        """
+        programs = self.programs
+        if self.before is not None:
+            # The host's handlers ran since the program was chosen: a parameter given a new .grad goes back into its
+            # buffer, and a learning rate they set reaches this step. Another hyper-parameter they changed is not
+            # in the captured step: this once the step runs uncaptured, and the next gets a program of its own.
+            ready = programs.ready(need_gradients=False)
+            if not same_settings(self.settings, ready[1]):
+                programs.programs = {k: v for k, v in programs.programs.items() if v is not self}
+                (outputs, skipped), fresh = programs.step(self.handlers), True
+                return self._host_parts(outputs, skipped, fresh)
+        (outputs, skipped), fresh = self.after()
+        return self._host_parts(outputs, skipped, fresh)
+
+    def _host_parts(self, outputs: list, skipped: torch.Tensor | None, fresh: bool) -> torch.Tensor | None:
         if not fresh:  # a handler may keep what it is given: the next replay overwrites the graph's tensors
             outputs = pytree.tree_map_only(torch.Tensor, torch.clone, outputs)
         for handler, output in zip(self.handlers, outputs):
             handler.host_part(output)
+        return skipped
 
     # -- the bodies --------------------------------------------------------------------------------------------
-    def _whole(self) -> list:
+    def _whole(self) -> tuple[list, Any]:
         self._divide()
         return self._step()
 
     def _divide(self) -> None:
         self.programs.divide(self.programs.divisor)
 
-    def _step(self) -> list:
+    def _step(self) -> tuple[list, Any]:
         return self.programs.step(self.handlers)
 
 

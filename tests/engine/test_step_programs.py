@@ -303,3 +303,109 @@ def test_a_host_handler_giving_gradients_new_tensors_between_the_two_programs(de
     model, _, steps = train(True, data, fused_sgd, [doubles, clip_by_norm])
     assert_same(eager, model, device)
     assert len(steps) == 40 and steps[0].before is not None
+
+
+class SqrtOfZero(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.g = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+    def forward(self, y):
+        return y + torch.sqrt(self.g).to(y.dtype)
+
+
+class WithSqrtOfZero(CharModel):
+    """A float64 parameter besides the float32 model, last in the optimizer's order, whose gradient is not finite."""
+
+    def __init__(self):
+        super().__init__()
+        self.tail = SqrtOfZero()  # a child registered last: its parameter comes last
+
+    def forward(self, x, hidden=None):
+        y, hidden = super().forward(x, hidden)
+        return self.tail(y), hidden
+
+
+def test_an_inf_gradient_in_a_second_dtype_refuses_the_step(device):
+    # The division and check run once per dtype: the decision of each reaches the step.
+    errors = {}
+    for cuda_graphs in (False, True):
+        torch.manual_seed(0)
+        model = WithSqrtOfZero()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.125, fused=True)
+        trainer = create_tbptt_trainer(
+            model, optimizer, loss_fn, 5, carry_hidden=True, cuda_graphs=programs(cuda_graphs)
+        )
+        with pytest.raises(FloatingPointError) as error:
+            trainer.run(batches(), max_epochs=1)
+        errors[cuda_graphs] = str(error.value)
+        assert model.tail.g.item() == 0.0  # the step was not taken
+    assert "optimizer step 1 " in errors[False] and "optimizer step 1 " in errors[True]
+
+
+def test_a_learning_rate_set_by_a_host_handler_of_the_step_reaches_it(device):
+    def schedule(trainer, model, optimizer):
+        scheduler = PiecewiseLinear(optimizer, "lr", milestones_values=[(0, 0.0), (16, 0.25), (40, 0.125)])
+        trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, scheduler)  # on the host, before the step
+
+    def momentum(trainer, model, optimizer):
+        scheduler = PiecewiseLinear(optimizer, "momentum", milestones_values=[(0, 0.5), (2, 0.75), (4, 0.875)])
+        trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, scheduler)
+
+    data = batches()
+    for attach in (schedule, momentum):
+        eager, _, _ = train(False, data, fused_sgd, [attach])
+        model, _, steps = train(True, data, fused_sgd, [attach])
+        assert_same(eager, model, device)
+        assert len(steps) == 40
+
+
+def test_two_clippings_share_the_steps_norm_as_eagerly(device):
+    def clip_twice(trainer, model, optimizer):
+        GradientClipping(model, max_value=0.01).attach(trainer)
+        GradientClipping(model, max_norm=0.02).attach(trainer)  # by the norm before any clipping, as eagerly
+
+    data = batches()
+    eager, _, _ = train(False, data, fused_sgd, [clip_twice])
+    model, _, steps = train(True, data, fused_sgd, [clip_twice])
+    assert_same(eager, model, device)
+    assert len(steps) == 40
+
+
+def test_a_scaler_that_skips_a_step_restarts_an_overflowed_hidden_state(device):
+    # One inf input overflows the carried state: the scaler skips the step, and the stream's state starts afresh, as
+    # eagerly (the program's decision is read after the step, as the eager step's).
+    data = [(x.clone(), y) for x, y in batches()]
+
+    class Linear(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding, self.rnn, self.out = torch.nn.Embedding(10, 6), torch.nn.RNN(6, 8), torch.nn.Linear(8, 10)
+            self.scale = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, x, hidden=None):
+            e = self.embedding(x.clamp(max=9)) * self.scale
+            e = torch.where(x[..., None] == 99, torch.inf, e)
+            h, hidden = self.rnn(e, hidden)
+            return self.out(h), hidden
+
+    data[1][0][12, 2] = 99  # an input that reads as inf
+    outputs = {}
+    for cuda_graphs in (False, True):
+        torch.manual_seed(0)
+        model = Linear()
+        optimizer = torch.optim.Adam(model.parameters(), lr=2**-6, fused=True)
+        trainer = create_tbptt_trainer(
+            model, optimizer, loss_fn, 5, carry_hidden=True, scaler=True, cuda_graphs=programs(cuda_graphs)
+        )
+        losses = []
+        trainer.add_event_handler(
+            Events.ITERATION_COMPLETED, lambda engine, kept=losses: kept.append(engine.state.output)
+        )
+        trainer.run(data, max_epochs=1)
+        outputs[cuda_graphs] = (losses, [p.detach().clone() for p in model.parameters()])
+    (a, ps), (b, qs) = outputs[False], outputs[True]
+    assert a[2] == a[2] and a[3] == a[3]  # after the overflow the eager run learns on
+    assert b == pytest.approx(a, nan_ok=True, rel=1e-6)
+    for p, q in zip(ps, qs):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
