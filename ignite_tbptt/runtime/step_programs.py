@@ -218,6 +218,9 @@ class StepPrograms:
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if scaler is not None:
             scaler.unscale_(optimizer)  # checks them too, into the scaler's own decision
+            dtypes = {g.dtype for g in grads}
+            if dtypes == {torch.float32}:  # a float32 divisor keeps torch's fused kernel; a count below 2**24 is exact
+                divisor = divisor.float()
             torch._foreach_div_(grads, divisor)
         else:
             decision = divide_and_check(grads, divisor, into=self.found)
