@@ -90,9 +90,9 @@ def _windows(
     one_window_per_step: bool,
     counted: bool,
 ) -> tuple[tuple[BatchWindow, ...], list[int]] | None:
-    # The batch's windows as the loop will plan them, on a copy of its planner, and each step's divisor (counted by
-    # target_count_fn on the device: the targets of its windows before the batch); None where one is not a whole,
-    # replayable, unrecorded window, or there are fewer than two.
+    # The batch's windows as the loop will plan them, on a copy of its planner, up to the first that is not a whole,
+    # replayable, unrecorded window, and each step's divisor (counted by target_count_fn on the device: the targets
+    # of its windows before the batch); None where there are fewer than two.
     planner, step = copy.copy(loop.planner), loop.optimizer_step
     offset, position = batch.start, loop.stream.position
     number = loop.listener.position()[3]  # the windows so far
@@ -104,7 +104,7 @@ def _windows(
         planner.open_window(position, number)
         plan = planner.segment(position, batch.end, batch.stream_end, batch.next_start(position), one_window_per_step)
         if planner.recorded or not (plan.replayable and plan.closes_window and plan.whole_window):
-            return None
+            break  # the windows from here on run one by one (a sequence start inside, the batch ends inside)
         planner.closed(planner.close(plan.end, batch.stream_continues(plan.end), []))
         start, end = plan.start - offset, plan.end - offset
         n = loop.layout.steps(y, start, end).numel()

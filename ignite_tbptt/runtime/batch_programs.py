@@ -11,7 +11,8 @@ position, the windows' losses, the counters, the events in order (:class:`~ignit
 It applies to a batch where all of these hold (the loop checks them; otherwise the batch runs window by window):
 
 - its windows are whole, replayable and not recorded (k1 = k2, each a window program's), at least two of them, the
-  stream already under way (its first windows run eagerly);
+  stream already under way (its first windows run eagerly); the program stops before the first window that is not
+  (a sequence start inside it, or the batch ending inside it), which runs, with the rest, one by one;
 - no handler listens to the events of a window or a step (``TBPTTEvents``, ``Tbptt_Events``), but for handlers of
   ``OPTIMIZER_STEP_STARTED`` that run inside the step (:class:`~ignite_tbptt.GradientClipping`): a handler on the
   host would see the model after the whole batch;

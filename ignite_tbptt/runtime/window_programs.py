@@ -217,6 +217,8 @@ class ProgramExecutor(SegmentExecutor):
             mean, n = self.replayed.popleft()
             self.stream.position = plan.end
             self.stream.window_loss.add(mean, n, True)
+            if not self.replayed:  # its last: the .grad it left, before a window after it adds to them
+                self.finish_batch_program()
             return SegmentResult(mean, n, None)
         if plan.replayable and self.ready():
             result = self._run_program(plan, x, y, resets, keep_predictions)
@@ -302,7 +304,11 @@ class ProgramExecutor(SegmentExecutor):
         return results
 
     def finish_batch_program(self) -> None:
-        """After the host's walk of a batch program's windows: the ``.grad`` the batch left, nothing replayed."""
+        """Once the host's walk reaches a batch program's last window: the ``.grad`` it left, nothing replayed.
+
+        The walk's ``zero_grad()`` at a step's first window cleared them; a window after the program's (the batch
+        ending inside it) adds to them, or clears them if it starts a step. Nothing happens once done.
+        """
         program, self._batch_program, self.replayed = self._batch_program, None, None
         if program is not None and program.gradients is not None:  # the walk's zero_grad() cleared them
             for p, has in zip(self.trained, program.gradients):

@@ -92,7 +92,7 @@ def test_clipping_and_resets_at_windows_first_steps(device):
     assert len(programmed[2]) == WINDOWS
 
 
-def test_a_sequence_start_inside_a_window_leaves_that_batch_window_by_window(device):
+def test_a_sequence_start_inside_a_window_ends_the_batch_program_before_that_window(device):
     data = []
     for i, (x, y) in enumerate(batches()):
         starts = torch.zeros(x.shape, dtype=torch.bool)
@@ -102,7 +102,8 @@ def test_a_sequence_start_inside_a_window_leaves_that_batch_window_by_window(dev
     eager = train(False, data)
     programmed = train(True, data)
     assert_same_run(eager, programmed, device)
-    assert len(programmed[2]) == WINDOWS - 2 * 5  # the third batch of each epoch ran window by window
+    # In the third batch of each epoch, the windows before [10, 15) ran as one program; it and the rest, one by one.
+    assert len(programmed[2]) == WINDOWS - 2 * 3
 
 
 def listening(event):
@@ -302,3 +303,18 @@ def test_a_first_step_without_targets_leaves_the_batch_window_by_window(device):
     programmed = train(True, data, sgd, **options)
     assert_same_run(eager, programmed, device)
     assert len(programmed[2]) == WINDOWS - 3  # the first batch's last windows ran one by one: no step yet
+
+
+@pytest.mark.parametrize("accumulation", [1, 2, 3])
+def test_a_batch_ending_inside_a_window_runs_its_whole_windows_as_one_program(device, accumulation):
+    # Batches of 23 steps, windows of 5: each batch's whole windows run at once, the window it ends inside (its last
+    # segment here, its first in the next batch) one by one.
+    g = torch.Generator().manual_seed(0)
+    stream = torch.randint(0, 10, (4 * 23 + 1, 4), generator=g).to(torch.get_default_device())
+    data = [(stream[i : i + 23], stream[i + 1 : i + 24]) for i in range(0, 4 * 23, 23)]
+    eager = train(False, data, gradient_accumulation_steps=accumulation)
+    programmed = train(True, data, gradient_accumulation_steps=accumulation)
+    assert_same_run(eager, programmed, device)
+    # Epoch 1: [10, 20) of the first batch, then [25, 45), [50, 65) and [70, 92) of the others (the stream's end
+    # closes its last window); epoch 2 alike, with [5, 20) in the first.
+    assert len(programmed[2]) == (2 + 4 + 3 + 5) + (3 + 4 + 3 + 5)
