@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .gloo import gloo  # noqa: F401 (the fixture: processes in one gloo group, kept for the session)
+from .gloo import gloo  # noqa: F401 (the fixture: processes in one gloo group, kept for the whole pytest run)
 
 # The folders whose tests train: they run on the --device.
 ON_DEVICE = {"engine", "handlers", "runtime", "data", "planning", "models", "examples"}

@@ -5,7 +5,8 @@ the model call (:class:`ModelCall`), the segment's loss paid at once or owed to 
 what the stream's :class:`RetainedHistory` keeps for the window's backward sweep. The second executor
 (:class:`ProgramExecutor`, ``cuda_graphs``) runs the plans that say ``replayable`` as window programs, captured in
 CUDA graphs on a GPU, and the others as the first; :func:`build_executor` makes the one an :class:`Execution`
-names. Around them: the stream's state with its ``state_dict`` (:class:`StreamState`), the weights retained graphs
+names. With it, optimizer steps run as step programs (:class:`StepPrograms`) and a batch's windows as one batch
+program (:class:`BatchProgram`) where they can. Around them: the stream's state with its ``state_dict`` (:class:`StreamState`), the weights retained graphs
 need across optimizer steps (:class:`ParameterVersions`), hidden states as trees of tensors and their per-column
 reset, the replay of a segment's random state for recomputation, the gradients' division and inf/NaN check at an
 optimizer step, what ``torch.compile`` and FSDP2 need, state kept in module attributes, and the refusal of a model

@@ -8,12 +8,14 @@ whose loss is backpropagated at once and of which nothing is retained (its plan 
 hidden-state reset of columns that start a sequence at its first step as a mask. Each shape of such a window is a
 :class:`WindowProgram`: its input, targets, hidden state and reset mask are copied into static buffers, the
 model, the loss (with ``target_count_fn``'s count, on the device) and the backward pass run on them, and the
-window's gradients (the program's outputs) are added into the parameters' ``.grad`` after each run as autograd's
-backward pass would add them, once its target count is read (none without targets). :class:`ProgramExecutor` runs
-the plans: replayable ones as programs, every other one (the first windows of a stream, windows split by a sequence
-start, windows of a new shape past the bound) as the eager :class:`~ignite_tbptt.runtime.SegmentExecutor` does.
-The optimizer step runs eagerly between windows, so handlers, clipping, the inf/NaN check and learning-rate
-schedules work as without programs.
+window's gradients (the program's outputs) are added into the parameters' static ``.grad`` buffers after each run
+as autograd's backward pass would add them, once its target count is read (none without targets).
+:class:`ProgramExecutor` runs the plans: replayable ones as programs, every other one (the first windows of a stream,
+windows split by a sequence start, windows of a new shape past the bound) as the eager
+:class:`~ignite_tbptt.runtime.SegmentExecutor` does. The optimizer step that follows a window is a step program
+where it can be (:mod:`~ignite_tbptt.runtime.step_programs`), else eager; where no handler needs the host between
+windows, the rest of a batch runs as one batch program (:mod:`~ignite_tbptt.runtime.batch_programs`), whose results
+:meth:`ProgramExecutor.run` hands to the host's walk of the batch.
 
 Captured (``capture=True``, ``cuda_graphs=True`` on CUDA), a program runs eagerly ``warmup`` times on a side
 stream, is captured once, and is replayed after. Uncaptured (``cuda_graphs="uncaptured"``, on any device), a
