@@ -6,12 +6,13 @@ what the stream's :class:`RetainedHistory` keeps for the window's backward sweep
 (:class:`ProgramExecutor`, ``cuda_graphs``) runs the plans that say ``replayable`` as window programs, captured in
 CUDA graphs on a GPU, and the others as the first; :func:`build_executor` makes the one an :class:`Execution`
 names. With it, optimizer steps run as step programs (:class:`StepPrograms`) and a batch's windows as one batch
-program (:class:`BatchProgram`) where they can. Around them: the stream's state with its ``state_dict`` (:class:`StreamState`), the weights retained graphs
-need across optimizer steps (:class:`ParameterVersions`), hidden states as trees of tensors and their per-column
-reset, the replay of a segment's random state for recomputation, the gradients' division and inf/NaN check at an
-optimizer step, what ``torch.compile`` and FSDP2 need, state kept in module attributes, and the refusal of a model
-that writes into the state it was given. Modules here import torch, :mod:`ignite_tbptt.planning` and each other,
-never ignite. A new kind of hidden state (how it is flattened, detached, reset) goes here.
+program (:class:`BatchProgram`) where they can. Around them: the stream's state with its ``state_dict``
+(:class:`StreamState`), the weights retained graphs need across optimizer steps (:class:`ParameterVersions`), hidden
+states as trees of tensors and their per-column reset, the replay of a segment's random state for recomputation, the
+gradients' division and inf/NaN check at an optimizer step, what ``torch.compile`` and FSDP2 need, state kept in
+module attributes, and the refusal of a model that writes into the state it was given. Modules here import torch,
+:mod:`ignite_tbptt.planning` and each other, never ignite. A new kind of hidden state (how it is flattened,
+detached, reset) goes here.
 """
 
 from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
