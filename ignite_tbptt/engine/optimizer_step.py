@@ -233,6 +233,7 @@ class OptimizerStep:
         Returns:
             Whether the ``GradScaler`` found inf/NaN and skipped the step (always False without a scaler).
         """
+        self.stepped = True
         if self._replayed_step is not None:
             (position, handlers), self._replayed_step = self._replayed_step, None
             decision, outputs = self.replayed.popleft()
@@ -241,7 +242,6 @@ class OptimizerStep:
             for handler, output in zip(handlers.on_device, outputs):
                 handler.host_part(output)
             return False
-        self.stepped = True
         if self._program is not None:
             (program, position), self._program = self._program, None
             skipped = program.step()

@@ -30,10 +30,8 @@ def gradient_norm(engine: Engine, parameters: Iterable[torch.Tensor], norm_type:
     synchronisation): whoever asks first during ``TBPTTEvents.OPTIMIZER_STEP_STARTED`` gets the norm before
     any clipping, and so does everyone after.
     """
-    stamp = (engine.state.optimizer_step, float(norm_type))
-    if getattr(engine.state, "grad_norm_stamp", None) != stamp:
-        engine.state.grad_norm = total_norm(parameters, norm_type)
-        engine.state.grad_norm_stamp = stamp
+    if getattr(engine.state, "grad_norm_stamp", None) != (engine.state.optimizer_step, float(norm_type)):
+        keep_norm(engine, total_norm(parameters, norm_type), norm_type)
     return engine.state.grad_norm
 
 

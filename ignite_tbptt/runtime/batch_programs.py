@@ -40,7 +40,6 @@ from torch.utils import _pytree as pytree
 
 from . import hidden as hs
 from .graph_capture import Program
-from .module_state import repoint_caches
 from .step_programs import StepHandler, StepPrograms
 
 __all__ = ["BatchWindow", "BatchProgram", "BatchResults"]
@@ -135,46 +134,33 @@ class BatchProgram:
         for buffer, divisor in zip(self.divisors, divisors):
             buffer.fill_(divisor)
         outputs, fresh = self.program()
-        executor = self.executor
         if fresh:
-            self.gradients = [p.grad is not None for p in executor.trained]
+            # Which .grad the bodies left set: a replay runs no Python, so the walk of the batch sets them again when
+            # it reaches the program's last window (ProgramExecutor.finish_batch_program).
+            self.gradients = [p.grad is not None for p in self.executor.trained]
             return outputs
-        # A replay runs no Python: the .grad the windows' bodies set at capture are set again, as after the batch.
-        for p, has in zip(executor.trained, self.gradients):
-            p.grad = executor.gradients.buffer(p) if has else None
         return pytree.tree_map_only(torch.Tensor, torch.clone, outputs)
 
     def _body(self) -> BatchResults:
         executor, steps = self.executor, self.steps
-        rule, layout, trained = executor.loss, executor.model_call.layout, executor.trained
-        count_fn = executor.target_count_fn
+        layout, trained, count_fn = executor.model_call.layout, executor.trained, executor.target_count_fn
         state = self.tree
         results = BatchResults([], [], [], [], [])
         step_counts: list[torch.Tensor] = []  # the counts of the open step's windows
         for window, starts in zip(self.windows, self.starts):
             x, y = layout.steps(self.x, window.start, window.end), layout.steps(self.y, window.start, window.end)
-            y_pred, hidden_out = executor.model_call(x, state, None, False, starts)
-            mean = rule.mean(y_pred, y, window.targets)
-            count = None
-            if count_fn is not None:  # as a window program counts: a 0-dim integer, on the device
-                count = torch.as_tensor(count_fn(y_pred, y)).reshape(()).long()
+            mean, _, state, grads, count = executor.window_pass(
+                x, y, state, starts, window.targets, window.backward_mean
+            )
+            if count is not None:  # a window without targets adds nothing (its mean is 0 / 0)
                 results.counts.append(count)
                 step_counts.append(count)
-            targets = window.targets if count is None else count
-            root = rule.root(rule.backpropagated(mean, targets, window.backward_mean))
-            grads = torch.autograd.grad(root, trained, allow_unused=True)
-            if count is not None:  # a window without targets adds nothing (its mean is 0 / 0)
                 grads = tuple(None if g is None else torch.where(count > 0, g, 0.0) for g in grads)
-            flat = [t.detach() for t in hs.flatten(hidden_out)]
-            detached = hs.unflatten(hidden_out, flat)
-            if executor.capture:  # as a window program does: no cache keeps this window's graph
-                repoint_caches(executor.model_call.model, hidden_out, detached)
-            state = detached
             if window.first_of_step:  # zero_grad(), as each step's first window starts
                 for p in trained:
                     p.grad = None
             executor.gradients.take(trained, grads)
-            results.means.append(mean.detach())
+            results.means.append(mean)
             if window.step is not None:
                 divisor, skip = self.divisors[window.step], None
                 if count_fn is not None:

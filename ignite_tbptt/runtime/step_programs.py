@@ -122,11 +122,9 @@ class StaticGradients:
         for p in params:
             g = p.grad
             if g is not None and g is not self._buffers.get(id(p)):
-                b = self.buffer(p)
-                if g is not b:
-                    moved.append(b)
-                    sources.append(g)
-                    p.grad = b
+                b = p.grad = self.buffer(p)  # the buffer kept, or a new one: either way not g
+                moved.append(b)
+                sources.append(g)
         if moved:
             torch._foreach_copy_(moved, sources)
 

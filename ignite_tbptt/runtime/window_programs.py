@@ -32,7 +32,7 @@ from __future__ import annotations
 import enum
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils import _pytree as pytree
@@ -132,7 +132,7 @@ class WindowProgram:
         (mean, hidden_out, y_pred, window_grads, count), fresh = self.program()
         targets = self.targets if count is None else int(count)  # read once the window has run, as an eager one
         if targets:
-            self.executor.add_window_gradients(window_grads, fresh)
+            self.executor.add_window_gradients(window_grads)
         if fresh:
             return mean, hidden_out, y_pred, targets
         # Fresh tensors: the next replay overwrites the static ones, and a handler may keep a window's values.
@@ -140,22 +140,23 @@ class WindowProgram:
         return mean.clone(), hidden_out, y_pred, targets
 
     def _body(self) -> tuple[Any, list[torch.Tensor], Any, tuple, Any]:
-        executor = self.executor
-        y_pred, hidden_out = executor.model_call(self.x, self.tree, None, False, self.starts)
-        rule = executor.loss  # the eager executor's rule: the same operations, so the same gradients
-        # target_count_fn's count stays on the device here (a tensor, or an int fixed by the shapes), and is read
-        # once the window has run. As a 0-dim integer, as the eager path's int() makes it: the same multiplication.
-        # Without targets the mean is NaN (0 / 0) and its gradients are not added.
-        count = None
-        if executor.target_count_fn is not None:
-            count = torch.as_tensor(executor.target_count_fn(y_pred, self.y)).reshape(()).long()
-        mean = rule.mean(y_pred, self.y, self.targets)
-        root = rule.root(rule.backpropagated(mean, self.targets if count is None else count, self.backward_mean))
-        window_grads = torch.autograd.grad(root, executor.trained, allow_unused=True)
-        state = [t.detach() for t in hs.flatten(hidden_out)]
-        if executor.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
-            repoint_caches(executor.model_call.model, hidden_out, hs.unflatten(hidden_out, state))
-        return mean.detach(), state, hs.detached(y_pred), window_grads, count
+        window = self.executor.window_pass(self.x, self.y, self.tree, self.starts, self.targets, self.backward_mean)
+        return window.mean, hs.flatten(window.state), hs.detached(window.predictions), window.grads, window.count
+
+
+class WindowPass(NamedTuple):
+    """One window's pass inside a program (:meth:`ProgramExecutor.window_pass`)."""
+
+    #: Its mean loss, detached.
+    mean: Any
+    #: Its predictions, with their graph.
+    predictions: Any
+    #: The hidden state it returned, detached.
+    state: Any
+    #: The loss's gradients with respect to the trained parameters (``None`` for one it does not reach).
+    grads: tuple
+    #: ``target_count_fn``'s count, a 0-dim int64 tensor on the device; ``None`` without it.
+    count: Any
 
 
 class ProgramExecutor(SegmentExecutor):
@@ -259,6 +260,37 @@ class ProgramExecutor(SegmentExecutor):
         stream.window_loss.add(mean, n, True)
         return SegmentResult(mean, n, predictions if keep_predictions else None)
 
+    def window_pass(
+        self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
+    ) -> WindowPass:
+        """One window's model call, loss and backward pass, as window programs and batch programs run it.
+
+        The eager executor's loss rule, so the same operations give the same gradients. ``target_count_fn``'s count
+        stays on the device (a tensor, or an int fixed by the shapes), read once the program has run; as a 0-dim
+        integer, as the eager path's ``int()`` makes it: the same multiplication. Without targets the mean is NaN
+        (0 / 0), and the caller adds none of its gradients.
+
+        Args:
+            x: the window's input (a program's buffer, or a view of one).
+            y: its targets, alike.
+            state: the hidden state it starts from.
+            starts: the columns that start a sequence at its first step (a mask), or ``None``.
+            targets: the targets' number of elements.
+            backward_mean: backpropagate the mean rather than the sum over the targets.
+        """
+        y_pred, hidden_out = self.model_call(x, state, None, False, starts)
+        rule = self.loss
+        count = None
+        if self.target_count_fn is not None:
+            count = torch.as_tensor(self.target_count_fn(y_pred, y)).reshape(()).long()
+        mean = rule.mean(y_pred, y, targets)
+        root = rule.root(rule.backpropagated(mean, targets if count is None else count, backward_mean))
+        grads = torch.autograd.grad(root, self.trained, allow_unused=True)
+        detached = hs.unflatten(hidden_out, [t.detach() for t in hs.flatten(hidden_out)])
+        if self.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
+            repoint_caches(self.model_call.model, hidden_out, detached)
+        return WindowPass(mean.detach(), y_pred, detached, grads, count)
+
     def let_state_graph_go(self) -> None:
         """Detach the stream's state before a program reads it, in the model's caches of it too.
 
@@ -336,7 +368,7 @@ class ProgramExecutor(SegmentExecutor):
             self.clear()
             self.trained, self._pointers = trained, pointers
 
-    def add_window_gradients(self, window_grads: tuple, fresh: bool) -> None:
+    def add_window_gradients(self, window_grads: tuple) -> None:
         """Add a window's gradients into the parameters' ``.grad`` as autograd's backward would.
 
         A parameter without a gradient from the window keeps its ``.grad`` (``None`` if it had none, so that the
