@@ -15,7 +15,16 @@ microseconds per window (the fastest of ``--repeats`` interleaved runs):
 - ``ours, cuda_graphs, a window per replay``: the same with a handler on ``TBPTTEvents.WINDOW_COMPLETED`` (which
   does nothing), so that each window is a window program and each step a step program, with the host between them.
 
-A second table gives the programs each ``cuda_graphs`` row kept (window, batch and step programs: one graph each
+A second table times windows that reach back, TBPTT(5, 10) and per-token TBPTT(1, 8), in microseconds per window:
+
+- ``hand, exact``: the exact eager hand loop for k2 > k1 (``benchmarks.methods.segmented``: fused calls, retained
+  graphs, the weights copied before each step);
+- ``hand, exact, captured``: each window captured in one graph, the retained steps run again from the state at the
+  cut with the weights they ran with (a ring of inputs and weights shifted inside the graph), the SGD step included:
+  the floor for k2 > k1, nothing checked (CUDA only);
+- ``ours`` and ``ours, cuda_graphs`` (reaching programs, :mod:`ignite_tbptt.runtime.reaching_programs`).
+
+A third table gives the programs each ``cuda_graphs`` row kept (window, batch and step programs: one graph each
 when captured) and, on CUDA, the memory they hold while the trainer lives (their graphs' pool, static buffers and
 gradients). On the CPU (``--device cpu``, the dry run) the programs run uncaptured, which only shows that they run.
 """
@@ -29,6 +38,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.func import functional_call
 
 from benchmarks import methods
 from benchmarks.overhead import make_batches
@@ -36,6 +46,8 @@ from benchmarks.report import markdown_table, rotated, write_page
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 
 K = 5
+#: The schedules of windows that reach back.
+REACHING = ((5, 10), (1, 8))
 
 
 def hand_captured(model, optimizer, batches, k1, k2, device):
@@ -71,6 +83,85 @@ def hand_captured(model, optimizer, batches, k1, k2, device):
     torch.cuda.synchronize(device)
 
 
+def hand_captured_reaching(model, optimizer, batches, k1, k2, device):
+    """The exact hand loop for k2 > k1 (``k2 - k1`` a multiple of ``k1``), each window captured in one CUDA graph.
+
+    A window's backward pass reaches ``m = (k2 - k1) / k1`` earlier windows, which ran with earlier weights: the graph
+    runs them again from the state at the cut with their own weights (``functional_call``), then the window, and
+    backpropagates to the cut; then the SGD step, and the rings of inputs and weights move on by one window, inside
+    the graph. A stream's first ``m + 1`` windows (cut at its start) run the same body eagerly. On a device without
+    graphs every window runs the body eagerly: what the tests check against the exact loop.
+    """
+    assert k2 > k1 and (k2 - k1) % k1 == 0
+    m = (k2 - k1) // k1
+    params = dict(model.named_parameters())
+    x0, y0 = batches[0]
+    xs = [x0[:k1].clone() for _ in range(m + 1)]  # the reached windows' inputs, oldest first, then the window's
+    static_y = y0[:k1].clone()
+    weights = [{n: p.detach().clone().requires_grad_() for n, p in params.items()} for _ in range(m)]
+    cut = torch.zeros(1, x0.shape[1], model.rnn.hidden_size, device=device, dtype=model.rnn.weight_hh_l0.dtype)
+
+    def window(reach, from_cut):
+        h, after_first = (cut if from_cut else None), None
+        for j in range(m - reach, m):
+            _, h = functional_call(model, weights[j], (xs[j],) if h is None else (xs[j], h))
+            after_first = h if after_first is None else after_first
+        y_pred, _ = model(xs[m]) if h is None else model(xs[m], h)
+        leaves = [*params.values(), *(w for j in range(m - reach, m) for w in weights[j].values())]
+        # The reached windows' predictions are not used: their head's weights get no gradient.
+        grads = torch.autograd.grad(methods.loss_fn(y_pred, static_y), leaves, allow_unused=True)
+        n = len(params)
+        for i, p in enumerate(params.values()):
+            p.grad = grads[i]
+            for j in range(reach):
+                if grads[n + j * n + i] is not None:
+                    p.grad = p.grad + grads[n + j * n + i]
+        with torch.no_grad():
+            for j in range(m - 1):  # the rings move on: the window's weights and input become the newest reached
+                torch._foreach_copy_(list(weights[j].values()), list(weights[j + 1].values()))
+            torch._foreach_copy_(list(weights[m - 1].values()), [p.detach() for p in params.values()])
+            for j in range(m):
+                xs[j].copy_(xs[j + 1])
+            if reach == m and after_first is not None:
+                cut.copy_(after_first)
+        optimizer.step()
+
+    def stream(x, y, replay):
+        assert x.shape[0] % k1 == 0, "windows of k1 steps"
+        for i, (xc, yc) in enumerate(zip(x.split(k1), y.split(k1))):
+            xs[m].copy_(xc)
+            static_y.copy_(yc)
+            if i <= m:  # the cut is the stream's start: eagerly
+                optimizer.zero_grad(set_to_none=True)
+                window(i if i < m else m, from_cut=False)
+            else:
+                replay()
+
+    if device.type != "cuda":
+
+        def eagerly():
+            optimizer.zero_grad(set_to_none=True)
+            window(m, from_cut=True)
+
+        for x, y in batches:
+            stream(x, y, eagerly)
+        return
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up, as the recipe asks
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            window(m, from_cut=True)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    optimizer.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        window(m, from_cut=True)
+    for x, y in batches:  # each batch its own stream
+        stream(x, y, graph.replay)
+    torch.cuda.synchronize(device)
+
+
 #: For each cuda_graphs row, what its last run kept: programs of each kind, and on CUDA the memory they hold.
 PROGRAMS: dict[str, dict] = {}
 
@@ -85,7 +176,8 @@ def graphed(model, optimizer, batches, k1, k2, device, window_by_window=False):
     trainer.run(batches)
     methods._sync(device)
     loop = trainer.tbptt.loop
-    PROGRAMS["window_by_window" if window_by_window else "batches"] = {
+    key = "window_by_window" if window_by_window else "batches" if k1 == k2 else f"({k1}, {k2})"
+    PROGRAMS[key] = {
         "window": len(loop.executor.programs),
         "batch": len(loop.executor.batch_programs),
         "step": len(loop.optimizer_step.programs.programs),
@@ -112,30 +204,38 @@ def contenders(device: torch.device) -> dict:
     }
 
 
-def train(method, batches, device):
+def reaching_contenders(device: torch.device) -> dict:
+    named = {"hand, exact": methods.segmented}
+    if device.type == "cuda":
+        named["hand, exact, captured"] = hand_captured_reaching
+    return {**named, "ours": methods.ours, "ours, cuda_graphs": graphed}
+
+
+def train(method, batches, device, k1=K, k2=K):
     torch.manual_seed(0)
     model = methods.CharModel("gru", vocab=16, embedding=8, hidden=8).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
     methods._sync(device)
     start = time.perf_counter()
-    method(model, optimizer, batches, K, K, device)
+    method(model, optimizer, batches, k1, k2, device)
     return time.perf_counter() - start
 
 
-def measure(device: torch.device, repeats: int, steps: int) -> list[dict]:
+def measure(device: torch.device, repeats: int, steps: int, k1: int = K, k2: int = K) -> list[dict]:
     batches = [(x.to(device), y.to(device)) for x, y in make_batches(steps)]
-    windows = sum(-(-x.shape[0] // K) for x, _ in batches)
-    named = contenders(device)
+    windows = sum(-(-x.shape[0] // k1) for x, _ in batches)
+    named = contenders(device) if k1 == k2 else reaching_contenders(device)
     for method in named.values():  # warm-up: kernels loaded, caches filled
-        train(method, batches[:2], device)
+        train(method, batches[:2], device, k1, k2)
     times = {name: [] for name in named}
     for repeat in range(repeats):
         for name in rotated(list(named), repeat):
-            times[name].append(train(named[name], batches, device))
-        print(f"repeat {repeat + 1} of {repeats}", file=sys.stderr, flush=True)
-    hand = min(times["hand"])
+            times[name].append(train(named[name], batches, device, k1, k2))
+        print(f"({k1}, {k2}): repeat {repeat + 1} of {repeats}", file=sys.stderr, flush=True)
+    hand = min(next(iter(times.values())))
     return [
         {
+            "schedule": f"({k1}, {k2})",
             "method": name,
             "us_per_window": min(values) / windows * 1e6,
             "x_hand": min(values) / hand,
@@ -151,6 +251,13 @@ def table(rows: list[dict]) -> str:
     )
 
 
+def reaching_table(rows: list[dict]) -> str:
+    return markdown_table(
+        ["TBPTT(k1, k2)", "method", "µs per window", "time / exact hand loop's"],
+        [[r["schedule"], r["method"], f"{r['us_per_window']:.0f}", f"{r['x_hand']:.2f}x"] for r in rows],
+    )
+
+
 def programs_table() -> str:
     """The programs each cuda_graphs row kept, and the memory they hold on CUDA."""
     names = {"batches": "ours, cuda_graphs", "window_by_window": "ours, cuda_graphs, a window per replay"}
@@ -158,7 +265,7 @@ def programs_table() -> str:
         ["row", "window programs", "batch programs", "step programs", "memory held (MiB)"],
         [
             [
-                names[key],
+                names.get(key, f"ours, cuda_graphs, TBPTT{key}"),
                 str(p["window"]),
                 str(p["batch"]),
                 str(p["step"]),
@@ -174,16 +281,20 @@ def main(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=4000, help="steps of the stream (batches of 200)")
+    p.add_argument("--reaching-steps", type=int, default=1000, help="steps of the stream for k2 > k1")
     p.add_argument("--markdown", type=Path, help="also write the table to this file")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     device = torch.device(args.device)
     rows = measure(device, args.repeats, args.steps)
+    steps = min(args.steps, args.reaching_steps)
+    reaching = [row for k1, k2 in REACHING for row in measure(device, args.repeats, steps, k1, k2)]
     name = (
         torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {platform.processor() or 'one thread'}"
     )
     setup = f"{name}, torch {torch.__version__}; GRU of 8 units, batch 4, k1 = k2 = {K}, fused SGD, {args.steps} steps"
-    print(f"{setup}\n\n{table(rows)}\n\n{programs_table()}")
+    tables = f"{table(rows)}\n\n{reaching_table(reaching)}\n\n{programs_table()}"
+    print(f"{setup}\n\n{tables}")
     if args.markdown:
         intro = __doc__.split("\n\n", 1)[1]
         write_page(
@@ -193,7 +304,7 @@ def main(argv=None):
             argv,
             setup,
             intro,
-            f"{table(rows)}\n\n{programs_table()}",
+            tables,
         )
 
 

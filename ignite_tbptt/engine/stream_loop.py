@@ -97,6 +97,15 @@ class LoopListener(Protocol):
         """A window's backward pass and its optimizer step, if one was due, are done."""
 
 
+def _not_replayable(source: WindowSource) -> ValueError:
+    k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
+    return ValueError(
+        f"cuda_graphs captures windows of TBPTT(k1, k2) with k2 = k1, or k2 > k1 with k2 - k1 a multiple of k1 "
+        f"(each window one model call); {type(source).__name__} has k1 = {k1}, k2 = {k2}, whose windows are split "
+        "at cuts (k2 < k1, later windows' cuts, varying lengths). Choose such k1 and k2, or pass cuda_graphs=False."
+    )
+
+
 class StreamLoop:
     """Runs the batches of a stream: their segments, windows and optimizer steps.
 
@@ -195,15 +204,10 @@ class StreamLoop:
 
         Raises:
             ValueError: if windows run as window programs (``cuda_graphs``) and ``source``'s windows are not
-                :attr:`~ignite_tbptt.planning.WindowSource.replayable` (k2 != k1), which programs do not run yet.
+                :attr:`~ignite_tbptt.planning.WindowSource.replayable` (each one model call).
         """
         if self.executor.runs_programs and not source.replayable:
-            k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
-            raise ValueError(
-                f"cuda_graphs captures windows of TBPTT(k1, k2) with k1 = k2; {type(source).__name__} has k1 = {k1}, "
-                f"k2 = {k2}, whose windows retain or split segments and are not captured yet. Use k2 = k1, or pass "
-                "cuda_graphs=False."
-            )
+            raise _not_replayable(source)
         if source.spans_windows:  # only windows reaching into earlier ones keep graphs across an optimizer step
             self.history.keep_weight_versions()
         self.planner.source = source
@@ -367,8 +371,8 @@ class StreamLoop:
 
     def _step(self) -> None:
         step, listener = self.optimizer_step, self.listener
-        # A step program needs no retained segment: the weights they ran with are versions counted on the host.
-        handlers = listener.step_handlers() if step.programs is not None and not self.history.segments else None
+        # Retained segments need nothing of the step: their weights were copied before it (take_step).
+        handlers = listener.step_handlers() if step.programs is not None else None
         targets = step.prepare(listener.position(), handlers)
         if not targets:
             return

@@ -62,7 +62,10 @@ class K2Rule:
 
     @property
     def replayable(self) -> bool:
-        """Only k1 = k2 windows are whole segments paid at once: k2 > k1 retains them, k2 < k1 splits them."""
+        """Windows of varying length are whole model calls only where k1 = k2.
+
+        A cut k2 - k1 before a window's start falls inside an earlier window, and k2 < k1 splits each window at its cut.
+        """
         return self.k1 == self.k2
 
 
@@ -100,6 +103,14 @@ class Schedule(K2Rule, WindowSource):
     def __post_init__(self) -> None:
         positive_int("k1", self.k1, "a number of time steps")
         positive_int("k2", self.k2, "a number of time steps")
+
+    @property
+    def replayable(self) -> bool:
+        """Windows are whole model calls where k1 = k2, and where k2 - k1 is a multiple of k1 (no later cut splits one).
+
+        k2 < k1 splits each window at its cut; k2 > k1 otherwise splits windows at the cuts of later ones.
+        """
+        return self.k2 >= self.k1 and (self.k2 - self.k1) % self.k1 == 0
 
     def window(self, start: int) -> Window:
         """The full window that starts at ``start``: ``[start, start + k1)`` and its cut."""

@@ -70,10 +70,11 @@ class WindowSource(ABC):
 
     @property
     def replayable(self) -> bool:
-        """Whether the windows may run as window programs (``cuda_graphs``): no backward pass reaches an earlier window.
+        """Whether the windows may run as window programs (``cuda_graphs``): each window is one model call.
 
-        Each window a program runs is also one segment paid at once (:attr:`SegmentPlan.replayable`); a source that
-        splits its windows otherwise (the steps before a k2 < k1 cut) says ``False`` here.
+        Each window a program runs is also one segment (:attr:`SegmentPlan.replayable`); a source that splits its
+        windows otherwise (at a k2 < k1 cut, at the cuts of later windows) says ``False`` here. By default, a source
+        whose backward passes never reach an earlier window.
         """
         return not self.spans_windows
 

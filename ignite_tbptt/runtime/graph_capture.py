@@ -22,8 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
-__all__ = ["GraphCapture", "Program", "GraphCaptureError"]
+__all__ = ["GraphCapture", "Program", "GraphCaptureError", "kept"]
 
 
 class GraphCaptureError(RuntimeError):
@@ -115,3 +116,11 @@ class Program:
             self.graph, self.outputs = capture.captured(self.body, self.what)
         self.graph.replay()
         return self.outputs, False
+
+
+def kept(outputs: Any, fresh: bool) -> Any:
+    """``outputs`` as a caller may keep them: a graph's static ones (not ``fresh``) cloned, an eager run's as they are.
+
+    The next replay overwrites a graph's outputs, and a handler may keep a window's values.
+    """
+    return outputs if fresh else pytree.tree_map_only(torch.Tensor, torch.clone, outputs)

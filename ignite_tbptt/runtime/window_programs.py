@@ -31,21 +31,23 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils import _pytree as pytree
 
-from ..planning import SegmentPlan
+from ..planning import ClosePlan, SegmentPlan
 from . import hidden as hs
+from . import rng
+from .backward_sweep import Replay, Segment
 from .batch_programs import BatchProgram, BatchResults
 from .executor import SegmentExecutor, SegmentResult
-from .graph_capture import GraphCapture, Program
+from .graph_capture import GraphCapture, Program, kept
 from .loss_rule import LossRule
 from .model_call import ModelCall
 from .module_state import repoint_caches
 from .profiling import profiling
+from .reaching_programs import ReachingProgram, reach_of
 from .step_programs import StaticGradients, same_settings
 from .stream import StreamState
 
@@ -133,11 +135,7 @@ class WindowProgram:
         targets = self.targets if count is None else int(count)  # read once the window has run, as an eager one
         if targets:
             self.executor.add_window_gradients(window_grads)
-        if fresh:
-            return mean, hidden_out, y_pred, targets
-        # Fresh tensors: the next replay overwrites the static ones, and a handler may keep a window's values.
-        hidden_out, y_pred = [t.clone() for t in hidden_out], pytree.tree_map_only(torch.Tensor, torch.clone, y_pred)
-        return mean.clone(), hidden_out, y_pred, targets
+        return (*kept((mean, hidden_out, y_pred), fresh), targets)
 
     def _body(self) -> tuple[Any, list[torch.Tensor], Any, tuple, Any]:
         window = self.executor.window_pass(self.x, self.y, self.tree, self.starts, self.targets, self.backward_mean)
@@ -200,12 +198,14 @@ class ProgramExecutor(SegmentExecutor):
         self.gradients = gradients if gradients is not None else StaticGradients()
         #: What the programs' graphs share (``None`` uncaptured); the step programs use it too.
         self.graphs = GraphCapture(warmup) if capture else None
-        self.programs: dict[tuple, WindowProgram] = {}
+        self.programs: dict[tuple, WindowProgram | ReachingProgram] = {}
         self.batch_programs: dict[tuple, BatchProgram] = {}  # several windows per replay
         #: The mean losses and target counts of a batch program's windows, for the host's walk of the batch.
         self.replayed: deque[tuple[torch.Tensor, int]] | None = None
         self._batch_program: BatchProgram | None = None  # the one the walk answers from
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
+        self._trained_index: list[int] = []  # their places among the parameters
+        self._swept = False  # a reaching program ran the open window's backward pass
         self._pointers: list[int] = []  # their storage then
 
     def run(
@@ -224,7 +224,10 @@ class ProgramExecutor(SegmentExecutor):
                 self.finish_batch_program()
             return SegmentResult(mean, n, None)
         if plan.replayable and self.ready():
-            result = self._run_program(plan, x, y, resets, keep_predictions)
+            if plan.joins_history:  # k2 > k1: the window reaches into retained segments
+                result = self._run_reaching(plan, x, y, resets, keep_predictions)
+            else:
+                result = self._run_program(plan, x, y, resets, keep_predictions)
             if result is not None:
                 return result
         return super().run(plan, x, y, resets, keep_predictions)
@@ -260,8 +263,57 @@ class ProgramExecutor(SegmentExecutor):
         stream.window_loss.add(mean, n, True)
         return SegmentResult(mean, n, predictions if keep_predictions else None)
 
+    def _run_reaching(
+        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
+    ) -> SegmentResult | None:
+        stream = self.stream
+        reach = reach_of(self.stream.history.segments, plan.window.cut, plan.start)
+        if reach is None:
+            return None
+        self._check_parameters()
+        key = ("reach", x.shape, x.dtype, y.shape, y.dtype, resets is not None, plan.backward_mean)
+        key += ReachingProgram.key(reach)
+        program = self.programs.get(key)
+        if program is None:
+            if len(self.programs) >= self.limit:
+                return None
+            program = self.programs[key] = ReachingProgram(self, reach, x, y, resets is not None, plan.backward_mean)
+        self.let_state_graph_go()
+        history = stream.history
+        hidden_in = stream.hidden
+        mean, hidden_out, predictions, n = program(reach, self._weights_of, x, y, resets)
+        # The window joins the history as what recomputes it, for the windows that reach it.
+        version = history.versions.current
+        replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
+        history.append(Segment(plan.start, plan.end, [], None, replay=replay))
+        self._swept = True  # its close drops what no later window reaches, and sweeps nothing
+        stream.hidden, stream.position = hs.unflatten(stream.hidden, hidden_out), plan.end
+        stream.window_loss.add(mean, n, True)
+        return SegmentResult(mean, n, predictions if keep_predictions else None)
+
+    def _weights_of(self, replay: Replay) -> list[torch.Tensor]:
+        # The trained parameters' values in the weight version a retained segment ran with.
+        values = self.stream.history.versions.values(replay.version)
+        return [values[i] for i in self._trained_index]
+
+    def close_window(self, plan: ClosePlan) -> list | None:
+        """:meth:`SegmentExecutor.close_window`; after a reaching program, which swept the window, only the drop."""
+        if self._swept:
+            self._swept = False
+            history = self.stream.history
+            history.segments = history.segments[plan.keep_from :]
+            return None
+        return super().close_window(plan)
+
     def window_pass(
-        self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
+        self,
+        x: Any,
+        y: Any,
+        state: Any,
+        starts: torch.Tensor | None,
+        targets: int,
+        backward_mean: bool,
+        also: Sequence[torch.Tensor] = (),
     ) -> WindowPass:
         """One window's model call, loss and backward pass, as window programs and batch programs run it.
 
@@ -277,6 +329,8 @@ class ProgramExecutor(SegmentExecutor):
             starts: the columns that start a sequence at its first step (a mask), or ``None``.
             targets: the targets' number of elements.
             backward_mean: backpropagate the mean rather than the sum over the targets.
+            also: more leaves to differentiate, whose gradients follow the parameters' in ``grads`` (the weights of a
+                reaching program's retained segments).
         """
         y_pred, hidden_out = self.model_call(x, state, None, False, starts)
         rule = self.loss
@@ -285,7 +339,7 @@ class ProgramExecutor(SegmentExecutor):
             count = torch.as_tensor(self.target_count_fn(y_pred, y)).reshape(()).long()
         mean = rule.mean(y_pred, y, targets)
         root = rule.root(rule.backpropagated(mean, targets if count is None else count, backward_mean))
-        grads = torch.autograd.grad(root, self.trained, allow_unused=True)
+        grads = torch.autograd.grad(root, [*self.trained, *also] if also else self.trained, allow_unused=True)
         detached = hs.unflatten(hidden_out, [t.detach() for t in hs.flatten(hidden_out)])
         if self.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
             repoint_caches(self.model_call.model, hidden_out, detached)
@@ -358,7 +412,8 @@ class ProgramExecutor(SegmentExecutor):
         # A program reads the parameters' storage and differentiates the parameters that required grad when it was
         # built: another set (a layer frozen or unfrozen, a parameter group added) or new storage (model.to(),
         # p.data = ...) means new programs.
-        trained = [p for p in self.parameters() if p.requires_grad]
+        params = self.parameters()
+        trained = [p for p in params if p.requires_grad]
         pointers = [p.data_ptr() for p in trained]
         if (
             len(trained) != len(self.trained)
@@ -367,6 +422,7 @@ class ProgramExecutor(SegmentExecutor):
         ):
             self.clear()
             self.trained, self._pointers = trained, pointers
+            self._trained_index = [i for i, p in enumerate(params) if p.requires_grad]
 
     def add_window_gradients(self, window_grads: tuple) -> None:
         """Add a window's gradients into the parameters' ``.grad`` as autograd's backward would.

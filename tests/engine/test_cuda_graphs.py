@@ -15,7 +15,7 @@ from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import AdaptiveTruncation, GradientClipping, TBPTTEvents, count_targets, create_tbptt_trainer
-from ignite_tbptt.runtime import batch_programs, model_call, window_programs
+from ignite_tbptt.runtime import batch_programs, model_call, reaching_programs, window_programs
 
 
 def programs(cuda_graphs):
@@ -71,13 +71,18 @@ def train(
 
 @contextlib.contextmanager
 def counting_programs():
-    """The windows programs ran inside the block, one entry per window, in order: its window or batch program."""
+    """The windows programs ran in the block, one entry per window, in order: its window, reaching or batch program."""
     runs = []
     original, batch = window_programs.WindowProgram.__call__, batch_programs.BatchProgram.__call__
+    reaching = reaching_programs.ReachingProgram.__call__
 
     def counted(self, *args):
         runs.append(self)
         return original(self, *args)
+
+    def counted_reaching(self, *args):
+        runs.append(self)
+        return reaching(self, *args)
 
     def counted_batch(self, *args):
         runs.extend([self] * len(self.windows))
@@ -85,6 +90,7 @@ def counting_programs():
 
     with (
         mock.patch.object(window_programs.WindowProgram, "__call__", counted),
+        mock.patch.object(reaching_programs.ReachingProgram, "__call__", counted_reaching),
         mock.patch.object(batch_programs.BatchProgram, "__call__", counted_batch),
     ):
         yield runs
@@ -273,14 +279,14 @@ def test_what_graphs_do_not_take_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"cuda_graphs must be True, False or 'uncaptured', got 'yes'"):
         create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs="yes")
     for options, match in (
-        ({"k2": 10}, r"k1 = 5, k2 = 10, whose windows retain"),
+        ({"k2": 7}, r"k1 = 5, k2 = 7, whose windows are split at cuts"),
         ({"k2": 2}, r"k1 = 5, k2 = 2"),
         ({"recompute": 2}, r"does not take recompute"),
     ):
         with pytest.raises(ValueError, match=match):
             create_tbptt_trainer(model, optimizer, loss_fn, **{"k1": 5, **options}, cuda_graphs=programs(True))
     trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs=programs(True))
-    with pytest.raises(ValueError, match=r"captures windows of TBPTT\(k1, k2\) with k1 = k2"):
+    with pytest.raises(ValueError, match=r"captures windows of TBPTT\(k1, k2\) with k2 = k1, or k2 > k1"):
         AdaptiveTruncation(0.1, 6, 20).attach(trainer)
 
 

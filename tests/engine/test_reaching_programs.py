@@ -1,0 +1,200 @@
+"""Windows that reach back (k2 > k1) as programs: the retained segments in reach run again inside the program.
+
+Each test trains eagerly and with programs (uncaptured on the CPU, captured under ``--device cuda``) and compares the
+parameters: bit for bit on the CPU with one window a step (the eager sweep's order of additions), to float64 rounding
+with accumulation (a step's earlier windows' gradient is added to the program's sum, not term by term). Each counts
+the windows reaching programs ran, so that it cannot pass with none.
+"""
+
+import pytest
+import torch
+from torch import nn
+
+from ignite_tbptt import GradientReach, count_targets, create_tbptt_trainer
+from ignite_tbptt.runtime import reaching_programs
+
+from .test_cuda_graphs import (
+    CharModel,
+    KeepsItsState,
+    assert_same_parameters,
+    batches,
+    counting_programs,
+    loss_fn,
+    padded,
+    programs,
+    summed_over_count,
+    train,
+    train_with,
+    with_window_starts,
+)
+from .test_step_programs import fused_adam
+
+
+def reaching(runs):
+    return [r for r in runs if isinstance(r, reaching_programs.ReachingProgram)]
+
+
+def assert_close_parameters(a, b, device, exact):
+    if exact:
+        assert_same_parameters(a, b, device)
+    else:
+        assert_same_parameters(a, b, torch.device("cuda"))  # within 1e-12: the sums' association differs
+
+
+@pytest.mark.parametrize("k1, k2", [(5, 10), (1, 8), (5, 20)], ids=["(5, 10)", "per token (1, 8)", "(5, 20)"])
+@pytest.mark.parametrize("carry_hidden", [False, True], ids=["a stream a batch", "a stream an epoch"])
+@pytest.mark.parametrize("accumulation", [1, 3], ids=["a step a window", "3 windows a step"])
+def test_reaching_windows_give_the_eager_parameters(device, k1, k2, carry_hidden, accumulation):
+    data = batches()
+    options = {"k1": k1, "k2": k2, "carry_hidden": carry_hidden, "gradient_accumulation_steps": accumulation}
+    eager, eager_trainer, _ = train(False, data, **options)
+    with counting_programs() as runs:
+        model, trainer, _ = train(True, data, **options)
+    assert_close_parameters(eager.parameters(), model.parameters(), device, exact=accumulation == 1)
+    assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
+    assert trainer.state.window == eager_trainer.state.window
+    # Each stream's windows whose cut is its start run eagerly, (k2 - k1) / k1 + 1 of them; the others as reaching
+    # programs, one program for all (their reach is alike).
+    windows, streams = 200 // k1, 8 if not carry_hidden else 2
+    assert len(reaching(runs)) == len(runs) == windows - streams * ((k2 - k1) // k1 + 1)
+    assert len({id(r) for r in runs}) == 1
+
+
+def test_steps_run_as_step_programs_after_reaching_windows(device):
+    # A fused optimizer's step after a reaching window is a step program: the weights of the retained segments were
+    # copied before it, as the eager step copies them.
+    data = batches()
+    options = {"k1": 5, "k2": 10, "make": fused_adam}
+    from .test_step_programs import train as train_stepping
+
+    eager, eager_trainer, none = train_stepping(False, data, **options)
+    with counting_programs() as runs:
+        model, trainer, steps = train_stepping(True, data, **options)
+    assert_same_parameters(eager.parameters(), model.parameters(), device)
+    assert not none and len(steps) == trainer.state.optimizer_step == eager_trainer.state.optimizer_step == 40
+    assert len(reaching(runs)) == 40 - 2 * 2
+
+
+def test_a_grad_scaler_scales_each_reaching_program(device):
+    data = batches()
+    options = {"k1": 5, "k2": 10, "carry_hidden": True, "dtype": torch.float32, "scaler": True}
+    eager, _, _ = train(False, data, **options)
+    with counting_programs() as runs:
+        model, _, _ = train(True, data, **options)
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0) if device.type == "cpu" else torch.testing.assert_close(p, q)
+    assert len(reaching(runs)) == 40 - 2 * 2
+
+
+@pytest.mark.parametrize("accumulation", [1, 3])
+def test_a_target_count_on_the_device_in_reaching_windows(device, accumulation):
+    data = padded(batches())
+    options = {
+        "k1": 5,
+        "k2": 10,
+        "carry_hidden": True,
+        "gradient_accumulation_steps": accumulation,
+        "target_count_fn": lambda y_pred, y: count_targets(y),
+        "loss": summed_over_count,
+    }
+    eager, eager_trainer, _ = train(False, data, **options)
+    with counting_programs() as runs:
+        model, trainer, _ = train(True, data, **options)
+    assert_close_parameters(eager.parameters(), model.parameters(), device, exact=accumulation == 1)
+    assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
+    assert len(reaching(runs)) == 40 - 2 * 2
+
+
+def mid_window_starts(data):
+    out = []
+    for x, y, starts in with_window_starts(data):
+        starts = starts.clone()
+        starts[7, 0] = True  # inside a window: it splits it, and it runs eagerly
+        out.append((x, y, starts))
+    return out
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["sequence starts", "batches ending inside windows", "learned initial state", "state in an attribute"],
+)
+def test_split_windows_run_eagerly_and_later_programs_reach_their_parts(device, case):
+    # A sequence start at a window's first step is a reset mask inside the program, in the window and in the
+    # retained segments it runs again; one inside a window, and a batch's end, split it: it runs eagerly, and the
+    # programs after it run its parts again. A learned initial state's parameters are swapped too; a state kept in
+    # the model's attributes is written by each segment run again.
+    def sgd(params):
+        return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+    options = {"carry_hidden": True, "k2": 10}
+    data, model = mid_window_starts(batches()), CharModel
+    if case == "batches ending inside windows":
+        data = batches(length=23)
+    elif case == "learned initial state":
+        options["initial_state"] = True
+    elif case == "state in an attribute":
+        data, model = batches(), KeepsItsState
+        options["module_state"] = ["h"]
+    eager = train_with(False, data, model, sgd, **options)
+    with counting_programs() as runs:
+        params = train_with(True, data, model, sgd, **options)
+    assert_same_parameters(eager, params, device)
+    assert len(reaching(runs)) > 20
+    if case != "state in an attribute":
+        assert len({r.program for r in reaching(runs)}) > 1  # reaches of other shapes: split or with resets
+
+
+class Dropping(CharModel):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x, hidden=None):
+        y, hidden = super().forward(x, hidden)
+        return self.drop(y), hidden
+
+
+def test_a_model_drawing_random_numbers_is_refused_before_its_window_changes_anything():
+    torch.manual_seed(0)
+    model = Dropping().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, k2=10, cuda_graphs=programs(True))
+    with pytest.raises(ValueError, match=r"model drew random numbers .* \(dropout=0\), or cuda_graphs=False"):
+        trainer.run(batches(), max_epochs=1)
+    step = trainer._process_function.loop
+    # The stream's first two windows ran eagerly; the third, the first reaching program, was refused.
+    assert trainer.state.window == 3 and step.stream.position == 10 and trainer.state.optimizer_step == 2
+
+
+def test_a_recorded_gradient_reach_runs_its_windows_eagerly(device):
+    data = batches()
+    eager, _, _ = train(False, data, k2=10, carry_hidden=True, handlers=[GradientReach(every=2).attach])
+    with counting_programs() as runs:
+        model, trainer, _ = train(True, data, k2=10, carry_hidden=True, handlers=[GradientReach(every=2).attach])
+    assert_same_parameters(eager.parameters(), model.parameters(), device)
+    assert 0 < len(reaching(runs)) < 40 - 2 * 2  # every other window is recorded, and runs eagerly
+
+
+@pytest.mark.parametrize("k1, k2", [(1, 4), (2, 6)])
+def test_resuming_mid_epoch_rebuilds_the_history_reaching_programs_recompute_from(tmp_path, k1, k2):
+    # The history that programs leave (inputs, states, weight versions, no graph) is saved and rebuilt as the eager
+    # trainer's; the resumed run's programs reach into it. Batches of 7, 12, 5, 9 and 11 steps: windows split at
+    # batch ends run eagerly, and the programs after them recompute their parts.
+    from ..helpers import assert_resume_is_bit_identical, make_batches
+    from ..reference import Net, cross_entropy
+
+    def build():
+        torch.manual_seed(0)
+        model = Net(n_hidden=8).double()
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.02)
+        trainer = create_tbptt_trainer(
+            model, optimizer, cross_entropy, k1, k2, carry_hidden=True, deterministic=True, cuda_graphs=programs(True)
+        )
+        return model, optimizer, trainer
+
+    def stopped(trainer):
+        assert any(s.outputs is None for s in trainer.tbptt.history.segments)  # a program's, to rebuild
+
+    with counting_programs() as runs:
+        trainer = assert_resume_is_bit_identical(tmp_path, build, make_batches([7, 12, 5, 9, 11]), 7, stopped=stopped)
+    assert trainer.state.iteration == 15 and len(reaching(runs)) > 40
