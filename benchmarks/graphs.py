@@ -22,7 +22,7 @@ A second table times windows that reach back, TBPTT(5, 10) and per-token TBPTT(1
 - ``hand, exact, captured``: each window captured in one graph, the retained steps run again from the state at the
   cut with the weights they ran with (a ring of inputs and weights shifted inside the graph), the SGD step included:
   the floor for k2 > k1, nothing checked (CUDA only);
-- ``ours`` and ``ours, cuda_graphs`` (reaching programs, :mod:`ignite_tbptt.runtime.reaching_programs`).
+- ``ours`` and ``ours, cuda_graphs`` (sweep programs, :mod:`ignite_tbptt.runtime.sweep_programs`).
 
 A third table gives the programs each ``cuda_graphs`` row kept (window, batch and step programs: one graph each
 when captured) and, on CUDA, the memory they hold while the trainer lives (their graphs' pool, static buffers and

@@ -103,7 +103,7 @@ def _windows(
         number += 1
         planner.open_window(position, number)
         plan = planner.segment(position, batch.end, batch.stream_end, batch.next_start(position), one_window_per_step)
-        if planner.recorded or plan.joins_history or not (plan.replayable and plan.closes_window):
+        if planner.recorded or not (plan.replayable and plan.closes_window and plan.whole_window):
             break  # the windows from here on run one by one (a sequence start inside, the batch ends inside)
         planner.closed(planner.close(plan.end, batch.stream_continues(plan.end), []))
         start, end = plan.start - offset, plan.end - offset

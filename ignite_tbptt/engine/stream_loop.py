@@ -34,6 +34,7 @@ from ..runtime import (
 from . import distributed
 from .batch_at_once import run_at_once
 from .optimizer_step import OptimizerStep
+from .window_at_once import run_window
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
 
@@ -100,9 +101,9 @@ class LoopListener(Protocol):
 def _not_replayable(source: WindowSource) -> ValueError:
     k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
     return ValueError(
-        f"cuda_graphs captures windows of TBPTT(k1, k2) with k2 = k1, or k2 > k1 with k2 - k1 a multiple of k1 "
-        f"(each window one model call); {type(source).__name__} has k1 = {k1}, k2 = {k2}, whose windows are split "
-        "at cuts (k2 < k1, later windows' cuts, varying lengths). Choose such k1 and k2, or pass cuda_graphs=False."
+        f"cuda_graphs captures windows of TBPTT(k1, k2) with k2 >= k1; {type(source).__name__} has k1 = {k1}, "
+        f"k2 = {k2}: steps before a k2 < k1 cut get their own loss only, or windows of varying length are cut at "
+        "places of every kind. Use k2 >= k1 with fixed windows, or pass cuda_graphs=False."
     )
 
 
@@ -310,6 +311,8 @@ class StreamLoop:
                     pending = False
                     run_at_once(self, batch, x, y, resets, keep_predictions, one_window_per_step)
                 self._open_window()
+                if self.executor.runs_programs:
+                    run_window(self, batch, x, y, resets, one_window_per_step)
             step = stream.position
             plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
             start, end = plan.start - offset, plan.end - offset

@@ -141,8 +141,8 @@ def _execution(cuda_graphs: Any, device_type: str, recompute: Any) -> Execution:
         raise ValueError(f"cuda_graphs must be True, False or 'uncaptured', got {cuda_graphs!r}.")
     if recompute is not None:
         raise ValueError(
-            f"cuda_graphs={cuda_graphs!r} does not take recompute (a window program is paid at once and rebuilds "
-            "nothing); pass one or the other."
+            f"cuda_graphs={cuda_graphs!r} does not take recompute: a window program keeps no graph past its run, and "
+            "a window reaching back runs its reach again inside its program already. Pass one or the other."
         )
     return execution
 
@@ -331,9 +331,14 @@ def create_tbptt_trainer(
             whose GPU steps are bound by kernel launches. Each window of a new shape runs three times eagerly, is then
             captured once (its forward pass, loss and backward pass, the reset of columns starting a sequence at
             its first step as a mask) and is replayed with its input, targets and hidden state copied into static
-            buffers; up to 8 shapes. The optimizer step, the inf/NaN check, clipping and every handler run eagerly
-            between windows, as without graphs. A stream's first window, the run's second, and a window split by
-            a sequence start inside it run eagerly. Needs the model on CUDA and k1 = k2; the model, ``model_fn``
+            buffers; up to 8 shapes. A window of several model calls (a sequence start inside it, or a later cut)
+            and a window reaching back (k2 > k1) run whole as a sweep program
+            (:mod:`ignite_tbptt.runtime.sweep_programs`), its calls and one backward pass, the retained segments in
+            reach run again with the weights they ran with. A fused optimizer's step is a step program
+            (:mod:`ignite_tbptt.runtime.step_programs`); where no handler needs the host between windows, the rest of
+            a batch is one program. Events fire for every window, in order. A stream's first window, the run's
+            second, a window the batch ends inside, and the first ``(k2 - k1) // k1`` windows of a stream after its
+            first run eagerly. Needs the model on CUDA and k2 >= k1; the model, ``model_fn``
             and ``loss_fn`` must not read values back to the host, and Python code in them runs only at capture.
             ``target_count_fn`` runs in the window on its static targets (it must give a tensor, or an int the
             shapes fix) and its count is read after the window, for the step's divisor; a window without targets
@@ -396,8 +401,9 @@ def create_tbptt_trainer(
             configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
             naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
             ``cuda_graphs=True``: a model that is not on a CUDA device; with ``cuda_graphs=True`` or
-            ``"uncaptured"``: k2 != k1 (also for a handler's window source) or ``recompute``; when a run starts, a
-            model sharded by FSDP2. ``cuda_graphs`` of another value.
+            ``"uncaptured"``: k2 < k1, windows of varying length with k2 != k1 (also a handler's window source), or
+            ``recompute``; when a run starts, a model sharded by FSDP2; at the first sweep program that reaches back,
+            a model that draws random numbers (dropout). ``cuda_graphs`` of another value.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
             captured (a read from the device, or shapes from data, in the model, the loss or ``target_count_fn``),
             naming the fix.

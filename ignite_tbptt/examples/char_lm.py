@@ -239,9 +239,9 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             f"--adaptive keeps k2 in (k1, --k2-max], empty with --k2-max {args.k2_max} and --k1 {args.k1}: pass "
             f"--k2-max {args.k1 + 1} or more."
         )
-    if args.cuda_graphs and (args.k2 != args.k1 or args.artbp or args.adaptive):
+    if args.cuda_graphs and (args.k2 < args.k1 or args.artbp or args.adaptive):
         p.error(
-            f"--cuda-graphs captures fixed windows of k1 = k2 steps: pass --k2 {args.k1}, without --artbp and "
+            f"--cuda-graphs captures fixed windows with k2 >= k1: pass --k2 {args.k1} or more, without --artbp and "
             "--adaptive."
         )
     if args.fsdp and args.nproc < 2:

@@ -168,12 +168,12 @@ def _device(text: str) -> str:
 
 
 def add_cuda_graphs_option(p: argparse.ArgumentParser) -> None:
-    """``--cuda-graphs``: capture the windows in CUDA graphs (``cuda_graphs=True``: a CUDA device, k1 = k2)."""
+    """``--cuda-graphs``: capture the windows in CUDA graphs (``cuda_graphs=True``: a CUDA device, k2 >= k1)."""
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
-        help="capture each k1 = k2 window in a CUDA graph once per shape and replay it, and the optimizer's step "
-        "after it (a fused optimizer; a CUDA device, k2 = k1)",
+        help="capture each window in a CUDA graph once per shape and replay it, and the optimizer's step after it "
+        "(a fused optimizer; a CUDA device, k2 >= k1)",
     )
 
 

@@ -62,9 +62,10 @@ class K2Rule:
 
     @property
     def replayable(self) -> bool:
-        """Windows of varying length are whole model calls only where k1 = k2.
+        """Windows of varying length run as programs only where k1 = k2: other cuts fall at places of every kind.
 
-        A cut k2 - k1 before a window's start falls inside an earlier window, and k2 < k1 splits each window at its cut.
+        A cut ``k2 - k1`` before a window's start falls anywhere inside an earlier window, so that its parts have
+        shapes without end; k2 < k1 gives the steps before each cut their own loss only.
         """
         return self.k1 == self.k2
 
@@ -106,11 +107,8 @@ class Schedule(K2Rule, WindowSource):
 
     @property
     def replayable(self) -> bool:
-        """Windows are whole model calls where k1 = k2, and where k2 - k1 is a multiple of k1 (no later cut splits one).
-
-        k2 < k1 splits each window at its cut; k2 > k1 otherwise splits windows at the cuts of later ones.
-        """
-        return self.k2 >= self.k1 and (self.k2 - self.k1) % self.k1 == 0
+        """Window and sweep programs run every k2 >= k1; k2 < k1 gives the steps before each cut their own loss only."""
+        return self.k2 >= self.k1
 
     def window(self, start: int) -> Window:
         """The full window that starts at ``start``: ``[start, start + k1)`` and its cut."""

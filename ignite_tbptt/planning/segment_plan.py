@@ -74,9 +74,9 @@ class SegmentPlan(NamedTuple):
     #: Its loss is backpropagated to its predictions at once and their gradient owed to the sweep (per-token
     #: backward: the loss graph, a large vocabulary's log-softmax say, is freed right away).
     detaches_predictions: bool
-    #: The segment is a whole window, built with its graph and not recorded: a window program (CUDA graphs) may run
-    #: it. Paid at once and keeping nothing (k1 = k2), its one call is all of it; joining the history (k2 > k1), its
-    #: program runs the retained segments in its reach again first, and it joins the history as what recomputes it.
+    #: The segment is a whole window paid at once of which the sweep keeps nothing: a window program (CUDA graphs)
+    #: may run it, since nothing of it outlives its one call. (Other windows of a source whose windows are
+    #: replayable run as sweep programs, :mod:`ignite_tbptt.runtime.sweep_programs`.)
     replayable: bool
 
 
@@ -167,5 +167,5 @@ def plan_segment(
         joins_history,
         whole_window,
         not backward_now and not loss_in_sweep,
-        whole_window and not deferred and not recorded,
+        whole_window and backward_now and not joins_history,
     )

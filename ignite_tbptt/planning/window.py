@@ -70,11 +70,11 @@ class WindowSource(ABC):
 
     @property
     def replayable(self) -> bool:
-        """Whether the windows may run as window programs (``cuda_graphs``): each window is one model call.
+        """Whether the windows may run as programs (``cuda_graphs``): window programs and sweep programs.
 
-        Each window a program runs is also one segment (:attr:`SegmentPlan.replayable`); a source that splits its
-        windows otherwise (at a k2 < k1 cut, at the cuts of later windows) says ``False`` here. By default, a source
-        whose backward passes never reach an earlier window.
+        A window of one model call paid at once is a window program (:attr:`SegmentPlan.replayable`), any other a
+        sweep program, which needs every step to get the gradient of the whole window (no k2 < k1 cut) and windows
+        of a few shapes. By default, a source whose backward passes never reach an earlier window.
         """
         return not self.spans_windows
 

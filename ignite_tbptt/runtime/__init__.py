@@ -28,11 +28,11 @@ from .loss_sum import LossSum
 from .model_call import ModelCall, autocast_for, build_model_call, default_model_fn, device_type_of
 from .module_state import ModuleState, attributes_with_graph, check_attributes
 from .profiling import profiled, profiling
-from .reaching_programs import ReachingProgram
 from .reset import check_resettable, default_reset_hidden, reset_to
 from .sharded import is_sharded, reduce_gradients_by_sum
 from .step_programs import StaticGradients, StepHandler, StepHandlers, StepProgram, StepPrograms
 from .stream import StreamState
+from .sweep_programs import SweepProgram
 from .weight_versions import ParameterVersions, WeightVersion
 from .window_programs import Execution, ProgramExecutor, WindowProgram, build_executor
 
@@ -66,7 +66,7 @@ __all__ = [
     "build_executor",
     "ProgramExecutor",
     "WindowProgram",
-    "ReachingProgram",
+    "SweepProgram",
     "GraphCaptureError",
     "GraphCapture",
     "Program",

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -47,9 +47,9 @@ from .loss_rule import LossRule
 from .model_call import ModelCall
 from .module_state import repoint_caches
 from .profiling import profiling
-from .reaching_programs import ReachingProgram, reach_of
 from .step_programs import StaticGradients, same_settings
 from .stream import StreamState
+from .sweep_programs import Call, SweepProgram, reach_of
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram"]
 
@@ -142,6 +142,21 @@ class WindowProgram:
         return window.mean, hs.flatten(window.state), hs.detached(window.predictions), window.grads, window.count
 
 
+class CallPass(NamedTuple):
+    """One model call of a window inside a program, with its loss (:meth:`ProgramExecutor.window_call`)."""
+
+    #: Its mean loss, with its graph.
+    mean: Any
+    #: Its predictions, with their graph.
+    predictions: Any
+    #: The hidden state it returned, with its graph.
+    state: Any
+    #: Where its backward pass starts: its loss, as backpropagated and scaled.
+    root: Any
+    #: ``target_count_fn``'s count, a 0-dim int64 tensor on the device; ``None`` without it.
+    count: Any
+
+
 class WindowPass(NamedTuple):
     """One window's pass inside a program (:meth:`ProgramExecutor.window_pass`)."""
 
@@ -198,14 +213,16 @@ class ProgramExecutor(SegmentExecutor):
         self.gradients = gradients if gradients is not None else StaticGradients()
         #: What the programs' graphs share (``None`` uncaptured); the step programs use it too.
         self.graphs = GraphCapture(warmup) if capture else None
-        self.programs: dict[tuple, WindowProgram | ReachingProgram] = {}
+        self.programs: dict[tuple, WindowProgram | SweepProgram] = {}
         self.batch_programs: dict[tuple, BatchProgram] = {}  # several windows per replay
         #: The mean losses and target counts of a batch program's windows, for the host's walk of the batch.
         self.replayed: deque[tuple[torch.Tensor, int]] | None = None
         self._batch_program: BatchProgram | None = None  # the one the walk answers from
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
         self._trained_index: list[int] = []  # their places among the parameters
-        self._swept = False  # a reaching program ran the open window's backward pass
+        #: The results of the open window's segments, run by a sweep program, for the host's walk of the window.
+        self.swept: deque[tuple[Any, int, Any]] = deque()
+        self._swept = False  # a sweep program ran the open window's backward pass
         self._pointers: list[int] = []  # their storage then
 
     def run(
@@ -223,11 +240,13 @@ class ProgramExecutor(SegmentExecutor):
             if not self.replayed:  # its last: the .grad it left, before a window after it adds to them
                 self.finish_batch_program()
             return SegmentResult(mean, n, None)
+        if self.swept:  # a sweep program ran this segment's window: its results, in order
+            loss, n, predictions = self.swept.popleft()
+            self.stream.position = plan.end
+            self.stream.window_loss.add(loss, n, plan.whole_window)
+            return SegmentResult(loss, n, predictions if keep_predictions else None)
         if plan.replayable and self.ready():
-            if plan.joins_history:  # k2 > k1: the window reaches into retained segments
-                result = self._run_reaching(plan, x, y, resets, keep_predictions)
-            else:
-                result = self._run_program(plan, x, y, resets, keep_predictions)
+            result = self._run_program(plan, x, y, resets, keep_predictions)
             if result is not None:
                 return result
         return super().run(plan, x, y, resets, keep_predictions)
@@ -263,33 +282,46 @@ class ProgramExecutor(SegmentExecutor):
         stream.window_loss.add(mean, n, True)
         return SegmentResult(mean, n, predictions if keep_predictions else None)
 
-    def _run_reaching(
-        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
-    ) -> SegmentResult | None:
-        stream = self.stream
-        reach = reach_of(self.stream.history.segments, plan.window.cut, plan.start)
+    def run_sweep(self, plans: list[SegmentPlan], x: Any, y: Any, resets: dict[int, torch.Tensor], offset: int) -> bool:
+        """Run the open window, whose segments ``plans`` lists, as a sweep program (:mod:`.sweep_programs`).
+
+        ``x``, ``y``: the batch, whose first step is the stream's step ``offset``; ``resets``: the starting columns
+        by step of the batch. The segments' results wait in :attr:`swept` for :meth:`run`, the stream's state is
+        the window's last, and the segments a later window reaches join the history as what recomputes them.
+        Returns whether it ran (not: the reach is not retained whole, or past the limit of programs).
+        """
+        stream, steps = self.stream, self.model_call.layout.steps
+        first, last = plans[0], plans[-1]
+        reach = reach_of(stream.history.segments, first.window.cut, first.start)
         if reach is None:
-            return None
+            return False
         self._check_parameters()
-        key = ("reach", x.shape, x.dtype, y.shape, y.dtype, resets is not None, plan.backward_mean)
-        key += ReachingProgram.key(reach)
+        calls = tuple(
+            Call(p.start - first.start, p.end - first.start, p.start - offset in resets, p.whole_window) for p in plans
+        )
+        xw, yw = steps(x, first.start - offset, last.end - offset), steps(y, first.start - offset, last.end - offset)
+        key = ("sweep", xw.shape, xw.dtype, yw.shape, yw.dtype, calls, first.backward_mean, SweepProgram.key(reach))
         program = self.programs.get(key)
         if program is None:
             if len(self.programs) >= self.limit:
-                return None
-            program = self.programs[key] = ReachingProgram(self, reach, x, y, resets is not None, plan.backward_mean)
+                return False
+            program = self.programs[key] = SweepProgram(self, reach, stream.hidden, xw, yw, calls, first.backward_mean)
         self.let_state_graph_go()
-        history = stream.history
-        hidden_in = stream.hidden
-        mean, hidden_out, predictions, n = program(reach, self._weights_of, x, y, resets)
-        # The window joins the history as what recomputes it, for the windows that reach it.
-        version = history.versions.current
-        replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
-        history.append(Segment(plan.start, plan.end, [], None, replay=replay))
+        starts = [resets.get(p.start - offset) for p in plans]
+        results = program(reach, self._weights_of, stream.hidden, xw, yw, starts)
+        history, state = stream.history, stream.hidden
+        for plan, mask, after in zip(plans, starts, results.states):
+            if plan.reached_later:  # it joins the history as what recomputes it
+                segment_x = steps(x, plan.start - offset, plan.end - offset)
+                replay = Replay(
+                    segment_x, state, rng.capture(xw.device), history.versions.current, plan.hidden_requires_grad, mask
+                )
+                history.append(Segment(plan.start, plan.end, [], None, replay=replay))
+            state = hs.unflatten(state, after)
+        stream.hidden = state
+        self.swept = deque(zip(results.losses, results.counts, results.predictions))
         self._swept = True  # its close drops what no later window reaches, and sweeps nothing
-        stream.hidden, stream.position = hs.unflatten(stream.hidden, hidden_out), plan.end
-        stream.window_loss.add(mean, n, True)
-        return SegmentResult(mean, n, predictions if keep_predictions else None)
+        return True
 
     def _weights_of(self, replay: Replay) -> list[torch.Tensor]:
         # The trained parameters' values in the weight version a retained segment ran with.
@@ -297,7 +329,7 @@ class ProgramExecutor(SegmentExecutor):
         return [values[i] for i in self._trained_index]
 
     def close_window(self, plan: ClosePlan) -> list | None:
-        """:meth:`SegmentExecutor.close_window`; after a reaching program, which swept the window, only the drop."""
+        """:meth:`SegmentExecutor.close_window`; after a sweep program, which swept the window, only the drop."""
         if self._swept:
             self._swept = False
             history = self.stream.history
@@ -305,17 +337,10 @@ class ProgramExecutor(SegmentExecutor):
             return None
         return super().close_window(plan)
 
-    def window_pass(
-        self,
-        x: Any,
-        y: Any,
-        state: Any,
-        starts: torch.Tensor | None,
-        targets: int,
-        backward_mean: bool,
-        also: Sequence[torch.Tensor] = (),
-    ) -> WindowPass:
-        """One window's model call, loss and backward pass, as window programs and batch programs run it.
+    def window_call(
+        self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
+    ) -> CallPass:
+        """One model call of a window and its loss, as window, sweep and batch programs run it.
 
         The eager executor's loss rule, so the same operations give the same gradients. ``target_count_fn``'s count
         stays on the device (a tensor, or an int fixed by the shapes), read once the program has run; as a 0-dim
@@ -323,14 +348,12 @@ class ProgramExecutor(SegmentExecutor):
         (0 / 0), and the caller adds none of its gradients.
 
         Args:
-            x: the window's input (a program's buffer, or a view of one).
+            x: the call's input (a program's buffer, or a view of one).
             y: its targets, alike.
             state: the hidden state it starts from.
             starts: the columns that start a sequence at its first step (a mask), or ``None``.
             targets: the targets' number of elements.
             backward_mean: backpropagate the mean rather than the sum over the targets.
-            also: more leaves to differentiate, whose gradients follow the parameters' in ``grads`` (the weights of a
-                reaching program's retained segments).
         """
         y_pred, hidden_out = self.model_call(x, state, None, False, starts)
         rule = self.loss
@@ -339,11 +362,22 @@ class ProgramExecutor(SegmentExecutor):
             count = torch.as_tensor(self.target_count_fn(y_pred, y)).reshape(()).long()
         mean = rule.mean(y_pred, y, targets)
         root = rule.root(rule.backpropagated(mean, targets if count is None else count, backward_mean))
-        grads = torch.autograd.grad(root, [*self.trained, *also] if also else self.trained, allow_unused=True)
-        detached = hs.unflatten(hidden_out, [t.detach() for t in hs.flatten(hidden_out)])
+        return CallPass(mean, y_pred, hidden_out, root, count)
+
+    def window_pass(
+        self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
+    ) -> WindowPass:
+        """A window of one model call: :meth:`window_call` and the backward pass (arguments alike)."""
+        passed = self.window_call(x, y, state, starts, targets, backward_mean)
+        grads = torch.autograd.grad(passed.root, self.trained, allow_unused=True)
+        return WindowPass(passed.mean.detach(), passed.predictions, self.state_after(passed.state), grads, passed.count)
+
+    def state_after(self, state: Any) -> Any:
+        """A program's window's returned state, detached, once its backward pass ran."""
+        detached = hs.unflatten(state, [t.detach() for t in hs.flatten(state)])
         if self.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
-            repoint_caches(self.model_call.model, hidden_out, detached)
-        return WindowPass(mean.detach(), y_pred, detached, grads, count)
+            repoint_caches(self.model_call.model, state, detached)
+        return detached
 
     def let_state_graph_go(self) -> None:
         """Detach the stream's state before a program reads it, in the model's caches of it too.
@@ -397,6 +431,7 @@ class ProgramExecutor(SegmentExecutor):
         The walk's ``zero_grad()`` at a step's first window cleared them; a window after the program's (the batch
         ending inside it) adds to them, or clears them if it starts a step. Nothing happens once done.
         """
+        self.swept, self._swept = deque(), False  # a batch ends with its last window closed: unless interrupted
         program, self._batch_program, self.replayed = self._batch_program, None, None
         if program is not None and program.gradients is not None:  # the walk's zero_grad() cleared them
             for p, has in zip(self.trained, program.gradients):

@@ -38,6 +38,7 @@ REFUSED = {
         (["--text", "missing.txt"], "argument --text: missing.txt: no such file; check the path"),
         (["--resume", "missing.pt"], "argument --resume: missing.pt: no such file; check the path"),
         (["--device", "gpu"], "argument --device: 'gpu' is not a device: pass cpu, cuda or cuda:N"),
+        (["--cuda-graphs", "--k2", "10"], "--cuda-graphs captures fixed windows with k2 >= k1: pass --k2 50 or more"),
         (["--artbp", "3"], "--artbp 3 is shorter than --artbp-grid 5: pass --artbp 5 or more"),
         (["--adaptive", "0.1", "--k2-max", "50"], "pass --k2-max 51 or more."),
         (["--fsdp"], "--fsdp shards the model over processes: pass --nproc 2 or more."),

@@ -1,9 +1,10 @@
-"""Windows that reach back (k2 > k1) as programs: the retained segments in reach run again inside the program.
+"""Sweep programs: windows of several model calls, and windows that reach back (k2 > k1), run whole as one program.
 
 Each test trains eagerly and with programs (uncaptured on the CPU, captured under ``--device cuda``) and compares the
-parameters: bit for bit on the CPU with one window a step (the eager sweep's order of additions), to float64 rounding
-with accumulation (a step's earlier windows' gradient is added to the program's sum, not term by term). Each counts
-the windows reaching programs ran, so that it cannot pass with none.
+parameters: bit for bit on the CPU where each window is one model call and each step one window (the eager sweep's
+order of additions), to float64 rounding (1e-12) otherwise, where the program sums the calls' losses before one
+backward pass and adds a step's earlier gradient to the window's sum. Each counts the windows sweep programs ran, so
+that it cannot pass with none.
 """
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from ignite_tbptt import GradientReach, count_targets, create_tbptt_trainer
-from ignite_tbptt.runtime import reaching_programs
+from ignite_tbptt.runtime import sweep_programs
 
 from .test_cuda_graphs import (
     CharModel,
@@ -30,34 +31,39 @@ from .test_cuda_graphs import (
 from .test_step_programs import fused_adam
 
 
-def reaching(runs):
-    return [r for r in runs if isinstance(r, reaching_programs.ReachingProgram)]
+def swept(runs):
+    return [r for r in runs if isinstance(r, sweep_programs.SweepProgram)]
 
 
-def assert_close_parameters(a, b, device, exact):
+def assert_close_parameters(a, b, device, exact=False):
     if exact:
         assert_same_parameters(a, b, device)
     else:
         assert_same_parameters(a, b, torch.device("cuda"))  # within 1e-12: the sums' association differs
 
 
-@pytest.mark.parametrize("k1, k2", [(5, 10), (1, 8), (5, 20)], ids=["(5, 10)", "per token (1, 8)", "(5, 20)"])
+@pytest.mark.parametrize(
+    "k1, k2", [(5, 10), (1, 8), (5, 20), (5, 7)], ids=["(5, 10)", "per token (1, 8)", "(5, 20)", "(5, 7), split"]
+)
 @pytest.mark.parametrize("carry_hidden", [False, True], ids=["a stream a batch", "a stream an epoch"])
 @pytest.mark.parametrize("accumulation", [1, 3], ids=["a step a window", "3 windows a step"])
-def test_reaching_windows_give_the_eager_parameters(device, k1, k2, carry_hidden, accumulation):
+def test_windows_reaching_back_give_the_eager_parameters(device, k1, k2, carry_hidden, accumulation):
     data = batches()
     options = {"k1": k1, "k2": k2, "carry_hidden": carry_hidden, "gradient_accumulation_steps": accumulation}
     eager, eager_trainer, _ = train(False, data, **options)
     with counting_programs() as runs:
         model, trainer, _ = train(True, data, **options)
-    assert_close_parameters(eager.parameters(), model.parameters(), device, exact=accumulation == 1)
+    exact = accumulation == 1 and (k2 - k1) % k1 == 0  # one model call a window, one window a step
+    assert_close_parameters(eager.parameters(), model.parameters(), device, exact)
     assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
     assert trainer.state.window == eager_trainer.state.window
-    # Each stream's windows whose cut is its start run eagerly, (k2 - k1) / k1 + 1 of them; the others as reaching
-    # programs, one program for all (their reach is alike).
+    # Each stream's windows whose cut is its start run eagerly, (k2 - k1) // k1 + 1 of them; the others as sweep
+    # programs, one program for all (their calls and reach are alike). At (5, 7) each window is two calls, split
+    # where the next window's cut falls, and its reach the second call of the window before; a stream's last window,
+    # which no window reaches, is one call: a second program.
     windows, streams = 200 // k1, 8 if not carry_hidden else 2
-    assert len(reaching(runs)) == len(runs) == windows - streams * ((k2 - k1) // k1 + 1)
-    assert len({id(r) for r in runs}) == 1
+    assert len(swept(runs)) == len(runs) == windows - streams * ((k2 - k1) // k1 + 1)
+    assert len({id(r) for r in runs}) == (2 if (k2 - k1) % k1 else 1)
 
 
 def test_steps_run_as_step_programs_after_reaching_windows(device):
@@ -72,10 +78,10 @@ def test_steps_run_as_step_programs_after_reaching_windows(device):
         model, trainer, steps = train_stepping(True, data, **options)
     assert_same_parameters(eager.parameters(), model.parameters(), device)
     assert not none and len(steps) == trainer.state.optimizer_step == eager_trainer.state.optimizer_step == 40
-    assert len(reaching(runs)) == 40 - 2 * 2
+    assert len(swept(runs)) == 40 - 2 * 2
 
 
-def test_a_grad_scaler_scales_each_reaching_program(device):
+def test_a_grad_scaler_scales_each_sweep_program(device):
     data = batches()
     options = {"k1": 5, "k2": 10, "carry_hidden": True, "dtype": torch.float32, "scaler": True}
     eager, _, _ = train(False, data, **options)
@@ -83,11 +89,11 @@ def test_a_grad_scaler_scales_each_reaching_program(device):
         model, _, _ = train(True, data, **options)
     for p, q in zip(eager.parameters(), model.parameters()):
         torch.testing.assert_close(p, q, rtol=0, atol=0) if device.type == "cpu" else torch.testing.assert_close(p, q)
-    assert len(reaching(runs)) == 40 - 2 * 2
+    assert len(swept(runs)) == 40 - 2 * 2
 
 
 @pytest.mark.parametrize("accumulation", [1, 3])
-def test_a_target_count_on_the_device_in_reaching_windows(device, accumulation):
+def test_a_target_count_on_the_device_in_windows_that_reach_back(device, accumulation):
     data = padded(batches())
     options = {
         "k1": 5,
@@ -102,31 +108,31 @@ def test_a_target_count_on_the_device_in_reaching_windows(device, accumulation):
         model, trainer, _ = train(True, data, **options)
     assert_close_parameters(eager.parameters(), model.parameters(), device, exact=accumulation == 1)
     assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
-    assert len(reaching(runs)) == 40 - 2 * 2
+    assert len(swept(runs)) == 40 - 2 * 2
 
 
 def mid_window_starts(data):
     out = []
     for x, y, starts in with_window_starts(data):
         starts = starts.clone()
-        starts[7, 0] = True  # inside a window: it splits it, and it runs eagerly
+        starts[7, 0] = True  # inside a window: it splits it into two model calls
         out.append((x, y, starts))
     return out
 
 
+@pytest.mark.parametrize("k2", [5, 10], ids=["k1 = k2", "k2 > k1"])
 @pytest.mark.parametrize(
-    "case",
-    ["sequence starts", "batches ending inside windows", "learned initial state", "state in an attribute"],
+    "case", ["sequence starts", "batches ending inside windows", "learned initial state", "state in an attribute"]
 )
-def test_split_windows_run_eagerly_and_later_programs_reach_their_parts(device, case):
-    # A sequence start at a window's first step is a reset mask inside the program, in the window and in the
-    # retained segments it runs again; one inside a window, and a batch's end, split it: it runs eagerly, and the
-    # programs after it run its parts again. A learned initial state's parameters are swapped too; a state kept in
-    # the model's attributes is written by each segment run again.
+def test_windows_of_several_calls_run_as_sweep_programs(device, case, k2):
+    # A sequence start inside a window splits it into two model calls, the second resetting the starting columns as
+    # a mask, both inside the program; the retained segments a window reaches run again with their own resets. A
+    # window the batch ends inside runs eagerly, and the programs after it run its parts again. A learned initial
+    # state's parameters are swapped too; a state kept in the model's attributes is written by each call.
     def sgd(params):
         return torch.optim.SGD(params, lr=0.1, momentum=0.9)
 
-    options = {"carry_hidden": True, "k2": 10}
+    options = {"carry_hidden": True, "k2": k2}
     data, model = mid_window_starts(batches()), CharModel
     if case == "batches ending inside windows":
         data = batches(length=23)
@@ -138,10 +144,43 @@ def test_split_windows_run_eagerly_and_later_programs_reach_their_parts(device, 
     eager = train_with(False, data, model, sgd, **options)
     with counting_programs() as runs:
         params = train_with(True, data, model, sgd, **options)
-    assert_same_parameters(eager, params, device)
-    assert len(reaching(runs)) > 20
-    if case != "state in an attribute":
-        assert len({r.program for r in reaching(runs)}) > 1  # reaches of other shapes: split or with resets
+    assert_close_parameters(eager, params, device)
+    if k2 == 5 and case in ("sequence starts", "learned initial state"):
+        assert len(swept(runs)) == 8 - 1  # the windows a start splits (one a batch), the first eagerly
+    elif k2 == 10:
+        assert len(swept(runs)) >= 25  # all but the windows a stream starts with, or the batch ends inside
+    else:
+        assert not swept(runs)  # one call a window: window programs
+
+
+def with_a_call_of_padding(data):
+    """Sequence starts inside windows, the call before each start of padding only."""
+    out = []
+    for x, y, starts in mid_window_starts(data):
+        y = y.clone()
+        y[5:7] = -100  # the window [5, 10)'s first call, [5, 7): no targets
+        out.append((x, y, starts))
+    return out
+
+
+@pytest.mark.parametrize("k2", [5, 10], ids=["k1 = k2", "k2 > k1"])
+def test_a_call_without_targets_adds_no_gradient_of_its_own(device, k2):
+    # With target_count_fn the calls' counts stay on the device: a call of padding only (its loss and gradient NaN
+    # here) backpropagates apart, its gradient masked, as an eager segment without targets runs no backward pass;
+    # the gradient of the call after it still flows through it.
+    options = {
+        "k2": k2,
+        "carry_hidden": True,
+        "target_count_fn": lambda y_pred, y: count_targets(y),
+        "loss": summed_over_count,
+    }
+    data = with_a_call_of_padding(batches())
+    eager, eager_trainer, _ = train(False, data, **options)
+    with counting_programs() as runs:
+        model, trainer, _ = train(True, data, **options)
+    assert_close_parameters(eager.parameters(), model.parameters(), device)
+    assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
+    assert len(swept(runs)) >= 7
 
 
 class Dropping(CharModel):
@@ -162,7 +201,7 @@ def test_a_model_drawing_random_numbers_is_refused_before_its_window_changes_any
     with pytest.raises(ValueError, match=r"model drew random numbers .* \(dropout=0\), or cuda_graphs=False"):
         trainer.run(batches(), max_epochs=1)
     step = trainer._process_function.loop
-    # The stream's first two windows ran eagerly; the third, the first reaching program, was refused.
+    # The stream's first two windows ran eagerly; the third, the first sweep program, was refused.
     assert trainer.state.window == 3 and step.stream.position == 10 and trainer.state.optimizer_step == 2
 
 
@@ -172,11 +211,11 @@ def test_a_recorded_gradient_reach_runs_its_windows_eagerly(device):
     with counting_programs() as runs:
         model, trainer, _ = train(True, data, k2=10, carry_hidden=True, handlers=[GradientReach(every=2).attach])
     assert_same_parameters(eager.parameters(), model.parameters(), device)
-    assert 0 < len(reaching(runs)) < 40 - 2 * 2  # every other window is recorded, and runs eagerly
+    assert 0 < len(swept(runs)) < 40 - 2 * 2  # every other window is recorded, and runs eagerly
 
 
 @pytest.mark.parametrize("k1, k2", [(1, 4), (2, 6)])
-def test_resuming_mid_epoch_rebuilds_the_history_reaching_programs_recompute_from(tmp_path, k1, k2):
+def test_resuming_mid_epoch_rebuilds_the_history_sweep_programs_recompute_from(tmp_path, k1, k2):
     # The history that programs leave (inputs, states, weight versions, no graph) is saved and rebuilt as the eager
     # trainer's; the resumed run's programs reach into it. Batches of 7, 12, 5, 9 and 11 steps: windows split at
     # batch ends run eagerly, and the programs after them recompute their parts.
@@ -197,4 +236,4 @@ def test_resuming_mid_epoch_rebuilds_the_history_reaching_programs_recompute_fro
 
     with counting_programs() as runs:
         trainer = assert_resume_is_bit_identical(tmp_path, build, make_batches([7, 12, 5, 9, 11]), 7, stopped=stopped)
-    assert trainer.state.iteration == 15 and len(reaching(runs)) > 40
+    assert trainer.state.iteration == 15 and len(swept(runs)) > 40

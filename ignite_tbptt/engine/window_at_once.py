@@ -1,0 +1,55 @@
+"""A window of several model calls, or one that reaches back (k2 > k1), run at once as a sweep program.
+
+The stream loop runs a window segment by segment, and the eager executor backpropagates it in a sweep when it
+closes. Where windows run as programs (``cuda_graphs``), a window that is more than one model call paid at once (a
+sequence start splits it, a later cut splits it, or it reaches back into retained segments) runs whole as one sweep
+program (:mod:`~ignite_tbptt.runtime.sweep_programs`) as it opens; the loop then walks its segments from the
+program's results, and its close only drops what no later window reaches.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..planning import BatchPlan, SegmentPlan
+from ..runtime import profiling
+
+if TYPE_CHECKING:
+    from .stream_loop import StreamLoop
+
+__all__ = ["run_window"]
+
+
+def run_window(
+    loop: StreamLoop, batch: BatchPlan, x: Any, y: Any, resets: dict[int, torch.Tensor], one_window_per_step: bool
+) -> bool:
+    """Run the window that just opened as a sweep program, where it is one; returns whether it ran.
+
+    It is one where the batch holds all of it, its gradient reach is not recorded, none of its segments is rebuilt
+    or gets its own loss only, and it is more than one model call paid at once (which a window program runs).
+    """
+    executor, planner = loop.executor, loop.planner
+    if planner.recorded or executor.swept or executor.replayed or not executor.ready() or profiling():
+        return False
+    plans = _segments(loop, batch, one_window_per_step)
+    if plans is None or (len(plans) == 1 and not plans[0].joins_history):
+        return False
+    return executor.run_sweep(plans, x, y, resets, batch.start)
+
+
+def _segments(loop: StreamLoop, batch: BatchPlan, one_window_per_step: bool) -> list[SegmentPlan] | None:
+    # The open window's segments as the loop will plan them (planning changes nothing), or None where the batch ends
+    # inside it or one of them is not a program's.
+    planner, step, plans = loop.planner, loop.stream.position, []
+    while True:
+        plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
+        if plan.own_loss_only or plan.rebuilt:
+            return None
+        plans.append(plan)
+        if plan.closes_window:
+            return plans
+        if plan.end >= batch.end:
+            return None
+        step = plan.end

@@ -1,0 +1,301 @@
+"""Sweep programs: a window of several model calls, or one that reaches back (k2 > k1), and its sweep as one program.
+
+A window program (:mod:`~ignite_tbptt.runtime.window_programs`) is one model call paid at once. The other windows
+the eager trainer runs as segments and a backward sweep (:mod:`~ignite_tbptt.runtime.backward_sweep`): a window that
+a sequence start splits (the reset falls between two model calls), one split where a later window's cut falls
+(k2 > k1 where ``k2 - k1`` is not a multiple of ``k1``), and every window of k2 > k1, whose sweep reaches ``k2 - k1``
+steps before its start, into segments earlier windows ran with the weights of earlier optimizer steps. A
+:class:`SweepProgram` runs such a window whole: its model calls at their fixed places in the window (each resetting
+the columns that start a sequence at its first step, as a mask), their losses, and one backward pass to the cut.
+
+A program keeps no graph from one run to the next, so the retained segments in reach run again inside it. Its static
+buffers, written before each run, hold what recomputes them: the hidden state at the window's cut, the input (and
+reset mask) of each retained segment from the cut to the window's start, and the weights each ran with, copied from
+its weight version. Its body runs those segments' forward passes with their own weights in the place of the
+parameters (``torch.func.functional_call``), then the window's calls. This is recomputation (Chen et al. 2016,
+"Training deep nets with sublinear memory cost", arXiv:1604.06174, section 3) with each segment's own weights, as the
+eager trainer's ``recompute`` mode rebuilds its segments, inside one program. Each segment's weights get their own
+gradient, added to the parameters' in the order of the eager sweep: the window's own, then the retained segments'
+from the latest back; for a window of one call and one window a step, the eager trainer's arithmetic, bit for bit.
+
+The window's segments that a later window reaches join the retained history as what recomputes them (input, input
+state, weight version), not as graphs: a later window reaches them, a program or an eager one (which rebuilds them as
+``recompute`` does).
+
+A window runs as a sweep program where (the stream loop's :func:`~ignite_tbptt.engine.window_at_once.run_window`
+and :meth:`ProgramExecutor.run_sweep <ignite_tbptt.runtime.window_programs.ProgramExecutor.run_sweep>` check it):
+
+- the batch holds all of it, and its gradient reach is not recorded;
+- the retained segments tile the steps from its cut to its start, and the cut has a state: a stream's first windows
+  of k2 > k1, whose cut is its start, run eagerly;
+- its shape is one of the executor's first 8 (with the window programs'): a window's shape is its calls' places and
+  resets, and its reach's lengths and resets, so that sequence starts at varying places in windows soon run eagerly;
+- the model draws no random numbers where the window reaches back (dropout in training mode): the segments run again
+  would draw others than they drew the first time. The first run of each such program checks the random generators,
+  and a model that drew is refused;
+- the parameters of the optimizer that the forward pass uses belong to the model, or to ``initial_state`` where it
+  is a module: the weights are swapped in there.
+
+With ``target_count_fn``, the calls' counts stay on the device; a call without targets adds no gradient of its own
+loss (its backward pass runs apart from the others', and its gradient is masked), as an eager segment without
+targets runs none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import torch
+
+from . import hidden as hs
+from . import rng
+from .backward_sweep import Replay, Segment
+from .graph_capture import Program, kept
+
+if TYPE_CHECKING:
+    from .window_programs import ProgramExecutor
+
+__all__ = ["SweepProgram", "SweepResults", "Call", "SwappedWeights", "reach_of"]
+
+_RANDOM = (
+    "cuda_graphs with k2 > k1 runs the retained segments a window reaches again inside the window's program, and the "
+    "model drew random numbers in a window (dropout in training mode, say): the segments run again would draw other "
+    "numbers than they drew the first time, and the gradients would not be the eager trainer's. Use k2 = k1, a model "
+    "that draws none (dropout=0), or cuda_graphs=False."
+)
+
+
+def reach_of(segments: Sequence[Segment], cut: int, start: int) -> list[Replay] | None:
+    """What recomputes the retained segments from ``cut`` to ``start``, oldest first, or ``None``: run eagerly.
+
+    ``None`` unless they tile those steps, owe no loss gradient, and the first has a state to start from (the
+    stream's start has none). Empty where the cut is the window's start.
+    """
+    end, reach = start, []
+    for segment in reversed(segments):
+        if end <= cut:
+            break
+        owes = segment.y_pred is not None or segment.loss is not None or segment.y_grad is not None
+        if segment.end != end or segment.replay is None or owes:
+            return None
+        reach.append(segment.replay)
+        end = segment.start
+    if end != cut or (reach and reach[-1].hidden is None):
+        return None
+    reach.reverse()
+    return reach
+
+
+class _Holder(torch.nn.Module):
+    # The modules whose parameters a model call uses, under one root for torch.func.functional_call; calling it runs
+    # the function it is given, so that model_fn and the initial state run with the weights swapped.
+    def __init__(self, model: torch.nn.Module, initial_state: Any) -> None:
+        super().__init__()
+        self.model = model
+        if isinstance(initial_state, torch.nn.Module):
+            self.initial_state = initial_state
+
+    def forward(self, fn: Callable[[], Any]) -> Any:
+        return fn()
+
+
+class SwappedWeights:
+    """Runs a model call with other tensors in the place of the trained parameters.
+
+    Args:
+        model: the model.
+        initial_state: the trainer's ``initial_state`` (its parameters are swapped too where it is a module).
+        trained: the parameters to swap, in the optimizer's order.
+    """
+
+    def __init__(self, model: torch.nn.Module, initial_state: Any, trained: Sequence[torch.Tensor]) -> None:
+        self.holder = _Holder(model, initial_state)
+        names = {id(p): name for name, p in self.holder.named_parameters()}
+        self.names = [names.get(id(p)) for p in trained]  # None: used by the loss alone, never swapped
+
+    def __call__(self, weights: Sequence[torch.Tensor], fn: Callable[[], Any]) -> Any:
+        """``fn()``, with ``weights[i]`` in the place of the ``i``-th trained parameter."""
+        swapped = {name: w for name, w in zip(self.names, weights) if name is not None}
+        return torch.func.functional_call(self.holder, swapped, (fn,), strict=False)
+
+
+class Call(NamedTuple):
+    """One model call of a window: its steps, counted from the window's start, and whether it resets columns."""
+
+    start: int
+    end: int
+    resets: bool
+    #: Its loss is read as the mean over its targets (the call is its window), else as their sum.
+    whole: bool
+
+
+class SweepResults(NamedTuple):
+    """What a sweep program's run gave, per call of its window (detached)."""
+
+    #: Each call's loss: the mean over its targets where the call is its window, else their sum.
+    losses: list[Any]
+    #: Each call's target count.
+    counts: list[int]
+    #: The tensors of the hidden state after each call (the last: the window's).
+    states: list[list[torch.Tensor]]
+    #: Each call's predictions.
+    predictions: list[Any]
+
+
+class _Piece(NamedTuple):
+    # A retained segment's buffers: its input, its reset mask, and its weights (leaves: their own gradient).
+    x: torch.Tensor
+    starts: torch.Tensor | None
+    weights: list[torch.Tensor]
+
+
+class SweepProgram:
+    """One shape of a window and of its reach: its retained segments' forward passes, then the window's calls.
+
+    Args:
+        executor: the :class:`~ignite_tbptt.runtime.window_programs.ProgramExecutor` it belongs to.
+        reach: the retained segments from the window's cut to its start, oldest first (their :class:`Replay`).
+        state: the window's input hidden state (the cut's where the reach is empty).
+        x, y: the window's input and targets, ``(T, B, *)`` along the time dimension, which give the buffers' shapes.
+        calls: the window's model calls.
+        backward_mean: the loss is backpropagated as the mean over the window's targets, else as their sum.
+    """
+
+    def __init__(
+        self,
+        executor: ProgramExecutor,
+        reach: Sequence[Replay],
+        state: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        calls: Sequence[Call],
+        backward_mean: bool,
+    ) -> None:
+        self.executor, self.calls, self.backward_mean = executor, calls, backward_mean
+        self.x, self.y = torch.empty_like(x), torch.empty_like(y)
+        columns = executor.model_call.layout.columns(x)
+        self.starts = [
+            torch.zeros(columns, dtype=torch.bool, device=x.device) if call.resets else None for call in calls
+        ]
+        first = reach[0].hidden if reach else state
+        self.cut = [torch.empty_like(t) for t in hs.flatten(first)]
+        self.cut_tree = hs.unflatten(first, self.cut)
+        trained = executor.trained
+        self.pieces = [
+            _Piece(
+                torch.empty_like(r.x),
+                None if r.starts is None else torch.empty_like(r.starts),
+                [torch.empty_like(p.detach()).requires_grad_() for p in trained],
+            )
+            for r in reach
+        ]
+        self.leaves = [w for piece in self.pieces for w in piece.weights]
+        self.swapped = SwappedWeights(executor.model_call.model, executor.model_call.initial_state, trained)
+        steps = executor.model_call.layout.steps
+        self.targets = [steps(y, c.start, c.end).numel() for c in calls]
+        self.checked = not reach  # whether a run checked that the model draws no random numbers (where it must)
+        self.program = Program(self._body, executor.graphs, "the window")
+
+    @staticmethod
+    def key(reach: Sequence[Replay]) -> tuple:
+        """What a reach must share with another for one program to run both."""
+        return tuple((r.x.shape, r.x.dtype, r.starts is not None) for r in reach)
+
+    def __call__(
+        self,
+        reach: Sequence[Replay],
+        values: Callable[[Replay], list[torch.Tensor]],
+        state: Any,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        starts: Sequence[torch.Tensor | None],
+    ) -> SweepResults:
+        """Run the window on ``x``, ``y`` after its ``reach``, from ``state`` where the reach is empty.
+
+        ``values(replay)``: the trained weights a retained segment ran with; ``starts``: each call's reset mask.
+
+        Raises:
+            ValueError: at a program's first run, if the window reaches back and the model drew random numbers;
+                nothing of the window is applied (no gradient added, the stream not advanced).
+        """
+        with torch.no_grad():
+            first = reach[0].hidden if reach else state
+            into, sources = [self.x, self.y, *self.cut], [x, y, *hs.flatten(first)]
+            for buffer, mask in zip(self.starts, starts):
+                if buffer is not None:
+                    into.append(buffer)
+                    sources.append(mask)
+            for piece, replay in zip(self.pieces, reach):
+                into.append(piece.x)
+                sources.append(replay.x)
+                if piece.starts is not None:
+                    into.append(piece.starts)
+                    sources.append(replay.starts)
+                into += piece.weights
+                sources += values(replay)
+            torch._foreach_copy_(into, sources)
+        before = None if self.checked else rng.capture(x.device)
+        (losses, states, predictions, grads, counts), fresh = self.program()
+        if before is not None:
+            self.checked = True
+            if not _same_random_state(before, rng.capture(x.device)):
+                raise ValueError(_RANDOM)
+        # Read once the window has run, as the eager segments read theirs.
+        counts = self.targets if counts is None else torch.stack(counts).tolist()
+        if any(counts):
+            self.executor.add_window_gradients(grads)
+        losses, states, predictions = kept((losses, states, predictions), fresh)
+        return SweepResults(losses, counts, states, predictions)
+
+    def _body(self) -> tuple[list, list, list, list, Any]:
+        executor = self.executor
+        call, steps = executor.model_call, executor.model_call.layout.steps
+        state = self.cut_tree
+        for piece in self.pieces:
+            _, state = self.swapped(piece.weights, _bound(call, piece.x, state, piece.starts))
+        losses, states, predictions, roots, counts = [], [], [], [], []
+        for c, starts, targets in zip(self.calls, self.starts, self.targets):
+            x, y = steps(self.x, c.start, c.end), steps(self.y, c.start, c.end)
+            passed = executor.window_call(x, y, state, starts, targets, self.backward_mean)
+            state = passed.state
+            count = targets if passed.count is None else passed.count
+            losses.append(passed.mean.detach() if c.whole else (passed.mean * count).detach())
+            states.append([t.detach() for t in hs.flatten(state)])
+            predictions.append(hs.detached(passed.predictions))
+            roots.append(passed.root)
+            counts.append(passed.count)
+        grads = self._gradients(roots, counts)
+        states[-1] = hs.flatten(executor.state_after(state))  # the model's caches of it let go of the graph too
+        return losses, states, predictions, grads, None if counts[0] is None else counts
+
+    def _gradients(self, roots: list, counts: list) -> list:
+        # The parameters' gradients: the window's, then each retained segment's from the latest back, as the eager
+        # sweep adds them. With counts on the device, each call's loss apart, its gradient masked where it has none.
+        executor = self.executor
+        leaves = [*executor.trained, *self.leaves]
+        if counts[0] is None:
+            grads = list(torch.autograd.grad(sum(roots[1:], roots[0]), leaves, allow_unused=True))
+        else:
+            grads = [None] * len(leaves)
+            for i, (root, count) in enumerate(zip(roots, counts)):
+                last = i == len(roots) - 1
+                for j, g in enumerate(torch.autograd.grad(root, leaves, retain_graph=not last, allow_unused=True)):
+                    if g is not None:
+                        g = torch.where(count > 0, g, 0.0)
+                        grads[j] = g if grads[j] is None else grads[j] + g
+        n = len(executor.trained)
+        total = grads[:n]
+        for j in range(len(self.pieces) - 1, -1, -1):
+            for i, g in enumerate(grads[n + j * n : n + (j + 1) * n]):
+                if g is not None:
+                    total[i] = g if total[i] is None else total[i] + g
+        return total
+
+
+def _bound(call: Callable, x: torch.Tensor, state: Any, starts: torch.Tensor | None) -> Callable[[], Any]:
+    return lambda: call(x, state, None, False, starts)
+
+
+def _same_random_state(a: rng.RNGState, b: rng.RNGState) -> bool:
+    return all(torch.equal(s, t) for s, t in zip(a, b) if s is not None)
