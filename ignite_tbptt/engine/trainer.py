@@ -83,7 +83,7 @@ def tbptt_training_step(
     accumulation = positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
     recompute = None if recompute is None else positive_int("recompute", recompute, "steps per rebuilt segment")
     device_type = device_type_of(model, device)
-    execution = _execution(cuda_graphs, device_type, recompute)
+    execution = _execution(cuda_graphs, device_type)
     optimizer_step = _optimizer_step(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation, execution)
     model_call = build_model_call(
         model,
@@ -122,7 +122,7 @@ def _optimizer_step(optimizer: Any, scaler: Any, accumulation: int, execution: E
     return OptimizerStep(optimizer, scaler, accumulation, programs)
 
 
-def _execution(cuda_graphs: Any, device_type: str, recompute: Any) -> Execution:
+def _execution(cuda_graphs: Any, device_type: str) -> Execution:
     # The one decision of how windows run; which windows a program may run is the plans' (SegmentPlan.replayable),
     # and whether the window source allows programs, the stream loop's as the source is installed.
     if cuda_graphs is False or cuda_graphs is None:
@@ -139,11 +139,6 @@ def _execution(cuda_graphs: Any, device_type: str, recompute: Any) -> Execution:
         execution = Execution.PROGRAMS
     else:
         raise ValueError(f"cuda_graphs must be True, False or 'uncaptured', got {cuda_graphs!r}.")
-    if recompute is not None:
-        raise ValueError(
-            f"cuda_graphs={cuda_graphs!r} does not take recompute: a window program keeps no graph past its run, and "
-            "a window reaching back runs its reach again inside its program already. Pass one or the other."
-        )
     return execution
 
 
@@ -334,7 +329,8 @@ def create_tbptt_trainer(
             buffers; up to 8 shapes. A window of several model calls (a sequence start inside it, or a later cut)
             and a window reaching back (k2 > k1) run whole as a sweep program
             (:mod:`ignite_tbptt.runtime.sweep_programs`), its calls and one backward pass, the retained segments in
-            reach run again with the weights they ran with. A fused optimizer's step is a step program
+            reach run again with the weights they ran with (with ``recompute``, every window, each call's activations
+            computed again in its backward pass). A fused optimizer's step is a step program
             (:mod:`ignite_tbptt.runtime.step_programs`); where no handler needs the host between windows, the rest of
             a batch is one program. Events fire for every window, in order. A stream's first window, the run's
             second, a window the batch ends inside, and the first ``(k2 - k1) // k1`` windows of a stream after its
@@ -401,9 +397,10 @@ def create_tbptt_trainer(
             configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
             naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
             ``cuda_graphs=True``: a model that is not on a CUDA device; with ``cuda_graphs=True`` or
-            ``"uncaptured"``: k2 < k1, windows of varying length with k2 != k1 (also a handler's window source), or
-            ``recompute``; when a run starts, a model sharded by FSDP2; at the first sweep program that reaches back,
-            a model that draws random numbers (dropout). ``cuda_graphs`` of another value.
+            ``"uncaptured"``: k2 < k1, or windows of varying length with k2 != k1 (also a handler's window source);
+            when a run starts, a model sharded by FSDP2; at the first sweep program that runs forward passes again
+            (reaching back, or ``recompute``), a model that draws random numbers (dropout). ``cuda_graphs`` of
+            another value.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
             captured (a read from the device, or shapes from data, in the model, the loss or ``target_count_fn``),
             naming the fix.

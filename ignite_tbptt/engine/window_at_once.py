@@ -27,8 +27,9 @@ def run_window(
 ) -> bool:
     """Run the window that just opened as a sweep program, where it is one; returns whether it ran.
 
-    It is one where the batch holds all of it, its gradient reach is not recorded, none of its segments is rebuilt
-    or gets its own loss only, and it is more than one model call paid at once (which a window program runs).
+    It is one where the batch holds all of it, its gradient reach is not recorded, none of its segments gets its own
+    loss only, and it is more than one model call paid at once (which a window program runs). In recomputation
+    mode every window is one (its segments are rebuilt), and its program recomputes each call in its backward pass.
     """
     executor, planner = loop.executor, loop.planner
     if planner.recorded or executor.swept or executor.replayed or not executor.ready() or profiling():
@@ -45,7 +46,7 @@ def _segments(loop: StreamLoop, batch: BatchPlan, one_window_per_step: bool) -> 
     planner, step, plans = loop.planner, loop.stream.position, []
     while True:
         plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
-        if plan.own_loss_only or plan.rebuilt:
+        if plan.own_loss_only:
             return None
         plans.append(plan)
         if plan.closes_window:

@@ -30,9 +30,9 @@ and :meth:`ProgramExecutor.run_sweep <ignite_tbptt.runtime.window_programs.Progr
   of k2 > k1, whose cut is its start, run eagerly;
 - its shape is one of the executor's first 8 (with the window programs'): a window's shape is its calls' places and
   resets, and its reach's lengths and resets, so that sequence starts at varying places in windows soon run eagerly;
-- the model draws no random numbers where the window reaches back (dropout in training mode): the segments run again
-  would draw others than they drew the first time. The first run of each such program checks the random generators,
-  and a model that drew is refused;
+- the model draws no random numbers where forward passes run again (the window reaches back, or ``recompute``;
+  dropout in training mode): they would draw others than they drew the first time. The first run of each such
+  program checks the random generators, and a model that drew is refused;
 - the parameters of the optimizer that the forward pass uses belong to the model, or to ``initial_state`` where it
   is a module: the weights are swapped in there.
 
@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from . import hidden as hs
 from . import rng
@@ -59,10 +60,11 @@ if TYPE_CHECKING:
 __all__ = ["SweepProgram", "SweepResults", "Call", "SwappedWeights", "reach_of"]
 
 _RANDOM = (
-    "cuda_graphs with k2 > k1 runs the retained segments a window reaches again inside the window's program, and the "
-    "model drew random numbers in a window (dropout in training mode, say): the segments run again would draw other "
-    "numbers than they drew the first time, and the gradients would not be the eager trainer's. Use k2 = k1, a model "
-    "that draws none (dropout=0), or cuda_graphs=False."
+    "cuda_graphs runs forward passes again inside a window's program (the retained segments a window reaches with "
+    "k2 > k1; every call with recompute), and the model drew random numbers in a window (dropout in training mode, "
+    "say): a forward pass run again would draw other numbers than it drew the first time, and the gradients would "
+    "not be the eager trainer's. Use k2 = k1 without recompute, a model that draws none (dropout=0), or "
+    "cuda_graphs=False."
 )
 
 
@@ -160,6 +162,8 @@ class SweepProgram:
         x, y: the window's input and targets, ``(T, B, *)`` along the time dimension, which give the buffers' shapes.
         calls: the window's model calls.
         backward_mean: the loss is backpropagated as the mean over the window's targets, else as their sum.
+        rebuilds: recomputation mode (``recompute``): each call's and each retained segment's activations are
+            computed again in the backward pass rather than kept (Chen et al. 2016, section 3).
     """
 
     def __init__(
@@ -171,8 +175,9 @@ class SweepProgram:
         y: torch.Tensor,
         calls: Sequence[Call],
         backward_mean: bool,
+        rebuilds: bool = False,
     ) -> None:
-        self.executor, self.calls, self.backward_mean = executor, calls, backward_mean
+        self.executor, self.calls, self.backward_mean, self.rebuilds = executor, calls, backward_mean, rebuilds
         self.x, self.y = torch.empty_like(x), torch.empty_like(y)
         columns = executor.model_call.layout.columns(x)
         self.starts = [
@@ -194,7 +199,8 @@ class SweepProgram:
         self.swapped = SwappedWeights(executor.model_call.model, executor.model_call.initial_state, trained)
         steps = executor.model_call.layout.steps
         self.targets = [steps(y, c.start, c.end).numel() for c in calls]
-        self.checked = not reach  # whether a run checked that the model draws no random numbers (where it must)
+        # Whether a run checked that the model draws no random numbers, where they would be drawn again.
+        self.checked = not reach and not rebuilds
         self.program = Program(self._body, executor.graphs, "the window")
 
     @staticmethod
@@ -253,11 +259,11 @@ class SweepProgram:
         call, steps = executor.model_call, executor.model_call.layout.steps
         state = self.cut_tree
         for piece in self.pieces:
-            _, state = self.swapped(piece.weights, _bound(call, piece.x, state, piece.starts))
+            _, state = self._rebuilt(self.swapped, piece.weights, _bound(call, piece.x, state, piece.starts))
         losses, states, predictions, roots, counts = [], [], [], [], []
         for c, starts, targets in zip(self.calls, self.starts, self.targets):
             x, y = steps(self.x, c.start, c.end), steps(self.y, c.start, c.end)
-            passed = executor.window_call(x, y, state, starts, targets, self.backward_mean)
+            passed = self._rebuilt(executor.window_call, x, y, state, starts, targets, self.backward_mean)
             state = passed.state
             count = targets if passed.count is None else passed.count
             losses.append(passed.mean.detach() if c.whole else (passed.mean * count).detach())
@@ -268,6 +274,14 @@ class SweepProgram:
         grads = self._gradients(roots, counts)
         states[-1] = hs.flatten(executor.state_after(state))  # the model's caches of it let go of the graph too
         return losses, states, predictions, grads, None if counts[0] is None else counts
+
+    def _rebuilt(self, fn: Callable, *args: Any) -> Any:
+        # In recomputation mode each call keeps no activation: its backward pass runs its forward pass again, as the
+        # eager sweep rebuilds a segment (non-reentrant checkpointing: captured with the rest). Its random draws are
+        # not replayed: a model that draws any is refused at the first run.
+        if not self.rebuilds:
+            return fn(*args)
+        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
 
     def _gradients(self, roots: list, counts: list) -> list:
         # The parameters' gradients: the window's, then each retained segment's from the latest back, as the eager

@@ -255,9 +255,10 @@ class ProgramExecutor(SegmentExecutor):
         """Whether a replayable window may run as a program now (the checks that need an eager call are done)."""
         # What a model call checks once runs eagerly: a stream's first call (no state), the call that checks that the
         # state returned was read from the state given, the call that checks the reset's columns; and every call
-        # under torch's profiler, whose ranges a program would not show.
+        # under torch's profiler, whose ranges a program would not show. In recomputation mode no eager call keeps
+        # a graph to check the state's cut on.
         return (
-            self._state_cut_checked
+            (self._state_cut_checked or self.stream.history.rebuilds)
             and self.stream.hidden is not None
             and self._columns_to_check is None
             and not profiling()
@@ -305,7 +306,8 @@ class ProgramExecutor(SegmentExecutor):
         if program is None:
             if len(self.programs) >= self.limit:
                 return False
-            program = self.programs[key] = SweepProgram(self, reach, stream.hidden, xw, yw, calls, first.backward_mean)
+            mean, rebuilds = first.backward_mean, first.rebuilt
+            program = self.programs[key] = SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds)
         self.let_state_graph_go()
         starts = [resets.get(p.start - offset) for p in plans]
         results = program(reach, self._weights_of, stream.hidden, xw, yw, starts)

@@ -200,9 +200,46 @@ def test_a_model_drawing_random_numbers_is_refused_before_its_window_changes_any
     trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, k2=10, cuda_graphs=programs(True))
     with pytest.raises(ValueError, match=r"model drew random numbers .* \(dropout=0\), or cuda_graphs=False"):
         trainer.run(batches(), max_epochs=1)
+    # Recomputation mode runs every call's forward pass again: refused at k1 = k2 as well.
+    recomputing = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, recompute=5, cuda_graphs=programs(True))
+    with pytest.raises(ValueError, match=r"model drew random numbers"):
+        recomputing.run(batches(), max_epochs=1)
     step = trainer._process_function.loop
     # The stream's first two windows ran eagerly; the third, the first sweep program, was refused.
     assert trainer.state.window == 3 and step.stream.position == 10 and trainer.state.optimizer_step == 2
+
+
+@pytest.mark.parametrize(
+    "k1, k2, recompute", [(5, 5, 2), (5, 10, 2), (5, 7, 3), (1, 8, 1)], ids=["(5, 5)", "(5, 10)", "(5, 7)", "(1, 8)"]
+)
+def test_recomputation_mode_runs_as_sweep_programs_that_keep_no_activation(device, k1, k2, recompute):
+    # With recompute, every window is a sweep program whose calls (of at most `recompute` steps) and retained
+    # segments keep no activation: the backward pass runs each forward pass again, as the eager sweep rebuilds them.
+    data = batches()
+    options = {"k1": k1, "k2": k2, "recompute": recompute, "carry_hidden": True}
+    eager, eager_trainer, _ = train(False, data, **options)
+    with counting_programs() as runs:
+        model, trainer, _ = train(True, data, **options)
+    assert_close_parameters(eager.parameters(), model.parameters(), device)
+    assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
+    windows = 200 // k1
+    assert len(swept(runs)) == len(runs) == windows - 2 * ((k2 - k1) // k1 + 1)
+
+    calls = []
+
+    class Counted(CharModel):
+        def forward(self, x, hidden=None):
+            calls.append(x.shape[0])
+            return super().forward(x, hidden)
+
+    def forward_steps(**more):
+        calls.clear()
+        train(True, data, model=Counted, **{**options, **more})
+        return sum(calls)
+
+    # Each step runs forward twice in every program (once, and again in the backward pass), its reach as often.
+    kept, rebuilt = forward_steps(recompute=None), forward_steps()
+    assert rebuilt > kept * 1.5
 
 
 def test_a_recorded_gradient_reach_runs_its_windows_eagerly(device):
