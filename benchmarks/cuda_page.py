@@ -104,6 +104,16 @@ def fla_section(folder: Path) -> str:
     return "\n\n".join(parts)
 
 
+def prequential_section(folder: Path) -> str:
+    """``benchmarks.tradeoff.online_device``'s table: per-token TBPTT(1, b) against TBPTT(b, b), eager and graphed."""
+    log = _text(folder, "prequential.log")
+    table = _table(log) if log else ""
+    if not table:
+        return "The check left no table of per-token updates (`prequential.log`)."
+    header = next((line for line in log.splitlines() if "torch" in line and not line.startswith("|")), "")
+    return f"{header} (`python -m benchmarks.tradeoff.online_device --quick`):\n\n{table}"
+
+
 def page(folder: Path) -> str:
     float32, bfloat16 = _text(folder, "table-float32.md"), _text(folder, "table-bfloat16.md")
     graphs = _text(folder, "graphs.md")
@@ -119,6 +129,8 @@ def page(folder: Path) -> str:
         _table(bfloat16) if bfloat16 else "The check left no bfloat16 table.",
         "## Where the model is small: launch-bound windows and CUDA graphs",
         _body(graphs) if graphs else "The check left no launch-bound table.",
+        "## Per-token updates: the prequential study's main stream",
+        prequential_section(folder),
         "## The main job on the device, one epoch",
         main_job_section(folder),
         "## flash-linear-attention's models, trained across chunks",

@@ -14,7 +14,9 @@
 #      30 s each (fla-example; in the dry run, its test on fla's PyTorch references);
 #   2. the benchmark table at the sizes people train (LSTM 1024 x 2 layers, vocabulary 10,000, batch 64), float32
 #      and bfloat16 autocast;
-#   3. the launch-bound table (benchmarks.graphs): a GRU of 8 units, eager loops against CUDA graphs;
+#   3. the launch-bound table (benchmarks.graphs): a GRU of 8 units, eager loops against CUDA graphs, k1 = k2 and
+#      k2 > k1; the prequential study's per-token TBPTT(1, 25) against TBPTT(25, 25), eager and with graphs
+#      (benchmarks.tradeoff.online_device, its quick stream: 30,000 characters);
 #   4. the profile of one configuration (benchmarks.profile), the trainer's ranges first;
 #   5. the main job on the device for one epoch, its bits per character and time, eager and with --cuda-graphs
 #      (k1 = k2 = 50, its default; not in the dry run: the CPU has no graphs);
@@ -39,6 +41,7 @@ if [[ "${1:-}" == "--dry-run" ]]; then
     PROFILE=(--hidden 16 --steps 200 --k1 20 --k2 30)
     MAIN=(--max-chars 20000 --hidden 16 --epochs 1 --checkpoint-every 0 --no-progress)
     GRAPHS=(--repeats 1 --steps 400)
+    PREQUENTIAL=(--quick --batches 2)
 else
     DEVICE=${DEVICE:-cuda}
     TESTS=(tests/engine tests/handlers tests/runtime tests/data tests/planning tests/examples tests/models)
@@ -49,6 +52,7 @@ else
     PROFILE=(--hidden 1024 --layers 2 --vocab 10000 --batch 64 --k1 25 --k2 50 --fused)
     MAIN=(--epochs 1 --checkpoint-every 0 --no-progress)
     GRAPHS=(--repeats 5)
+    PREQUENTIAL=(--quick)
 fi
 STEP_LIMIT=${STEP_LIMIT:-240}
 TEST_LIMIT=${TEST_LIMIT:-420}  # the training tests took 3 min on one H100 in 8 workers; a test may take 240 s
@@ -59,7 +63,8 @@ if [[ "$DEVICE" != cpu ]]; then
     "$PYTHON" -c "import xdist" 2>/dev/null && PYTEST_EXTRA+=(-n "${WORKERS:-8}")
     "$PYTHON" -c "import pytest_timeout" 2>/dev/null && PYTEST_EXTRA+=(--timeout 240)
 fi
-STEPS="tests graph-tests fla-tests fla-example table-float32 table-bfloat16 graphs profile main-job main-job-graphs page"
+STEPS="tests graph-tests fla-tests fla-example table-float32 table-bfloat16 graphs prequential profile main-job"
+STEPS="$STEPS main-job-graphs page"
 ONLY=${ONLY:-}  # step names, separated by spaces: run those alone (a check split over calls, or one step rerun)
 for name in $ONLY; do
     [[ " $STEPS " == *" $name "* ]] || { echo "ONLY: no step named $name; the steps: $STEPS" >&2; exit 2; }
@@ -67,7 +72,8 @@ done
 mkdir -p "$OUT"
 if [[ -z $ONLY ]]; then  # a whole check: nothing an earlier one left may reach the page as this one's
     rm -f "$OUT"/{tests,graph-tests,fla-tests}{,-full}.log "$OUT"/{table-float32,table-bfloat16}.{log,json,md} \
-        "$OUT"/graphs.{log,md} "$OUT"/{profile,main-job,main-job-graphs,fla-example,page}.log "$OUT"/steps.tsv \
+        "$OUT"/graphs.{log,md} "$OUT"/{prequential,profile,main-job,main-job-graphs,fla-example,page}.log \
+        "$OUT"/steps.tsv \
         "$OUT"/benchmarks-cuda.md
 fi
 failed=()
@@ -121,6 +127,7 @@ step table-float32 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm -
 step table-bfloat16 "$PYTHON" -m benchmarks.run --device "$DEVICE" --cells lstm --no-memory "${SIZES[@]}" \
     --autocast bfloat16 --out "$OUT/table-bfloat16.json" --markdown "$OUT/table-bfloat16.md"
 step graphs "$PYTHON" -m benchmarks.graphs --device "$DEVICE" "${GRAPHS[@]}" --markdown "$OUT/graphs.md"
+step prequential "$PYTHON" -m benchmarks.tradeoff.online_device --device "$DEVICE" "${PREQUENTIAL[@]}"
 step profile "$PYTHON" -m benchmarks.profile --device "$DEVICE" "${PROFILE[@]}"
 step main-job "$PYTHON" -m ignite_tbptt.examples.char_lm --device "$DEVICE" --logdir "$OUT/runs" "${MAIN[@]}"
 if [[ "$DEVICE" == cuda* ]]; then

@@ -147,14 +147,17 @@ def test_the_device_check_runs_every_step_on_the_cpu_at_tiny_sizes(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "every step passed" in done.stdout
-    for name in ("tests", "table-float32", "table-bfloat16", "graphs", "profile", "main-job", "page"):
+    for name in ("tests", "table-float32", "table-bfloat16", "graphs", "prequential", "profile", "main-job", "page"):
         assert f"== {name}: done" in done.stdout
     assert "| lstm |" in (tmp_path / "table-float32.md").read_text()
-    assert "| ours, cuda_graphs |" in (tmp_path / "graphs.md").read_text()
+    graphs = (tmp_path / "graphs.md").read_text()
+    assert "| ours, cuda_graphs |" in graphs and "| (1, 8) | ours, cuda_graphs |" in graphs
+    assert "| TBPTT(1, 25) | cuda_graphs |" in (tmp_path / "prequential.log").read_text()
     assert "bits" in (tmp_path / "main-job.log").read_text()
     # The page takes every part the steps left: the tests' outcome, both tables, the graphs and the main job.
     page = (tmp_path / "benchmarks-cuda.md").read_text()
     assert "passed" in page and "| ours, cuda_graphs |" in page and "| eager |" in page
+    assert "| TBPTT(1, 25) | eager |" in page
     assert "left no" not in page
 
 

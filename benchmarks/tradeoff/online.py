@@ -34,7 +34,17 @@ def online_truncations(ks: tuple[int, int, int, int, int]) -> list[Truncation]:
     return [*truncations(ks), Truncation(f"TBPTT(1, {b})", "per-token", 1, b)]
 
 
-def online_run(task: str, truncation: str, lr: float, seed: int, budget: float | None, quick: bool) -> dict:
+def online_run(
+    task: str,
+    truncation: str,
+    lr: float,
+    seed: int,
+    budget: float | None,
+    quick: bool,
+    device: str = "cpu",
+    cuda_graphs: bool | str = False,
+    batches: int | None = None,
+) -> dict:
     """Read ``task``'s stream once under ``truncation``, in this process, on one thread.
 
     Args:
@@ -44,6 +54,9 @@ def online_run(task: str, truncation: str, lr: float, seed: int, budget: float |
         seed: seeds the initial weights and the window sources' draws.
         budget: unused (the stream is read once); kept so that the study runs either kind alike.
         quick: the task's small configuration.
+        device: where the model and the stream go (``benchmarks.tradeoff.online_device`` times a GPU).
+        cuda_graphs: the trainer's ``cuda_graphs``; with it, Adam is fused (its step runs as a program).
+        batches: read only the stream's first ``batches`` batches (a dry run's).
 
     Returns:
         The run as a JSON-ready dict: its arguments; ``final_bits``, the mean prequential loss over the whole
@@ -58,10 +71,12 @@ def online_run(task: str, truncation: str, lr: float, seed: int, budget: float |
     with contextlib.redirect_stdout(io.StringIO()):
         stream = spec.load(quick)
     chosen = next(t for t in online_truncations(spec.ks) if t.name == truncation)
-    model = stream.model()
-    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    model = stream.model().to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr, fused=True if cuda_graphs else None)
     source, k2, handler = chosen.build(seed)
-    trainer = create_tbptt_trainer(model, optimizer, stream.loss_fn, source, k2, carry_hidden=True)
+    trainer = create_tbptt_trainer(
+        model, optimizer, stream.loss_fn, source, k2, carry_hidden=True, cuda_graphs=cuda_graphs
+    )
     GradientClipping(model, max_norm=1.0).attach(trainer)
     if handler is not None:
         handler.attach(trainer)
@@ -76,7 +91,9 @@ def online_run(task: str, truncation: str, lr: float, seed: int, budget: float |
         targets.append(int(engine.state.window_targets))
         moments.append((time.perf_counter() - start, engine.state.optimizer_step))
 
-    trainer.run(stream.batches, max_epochs=1)
+    trainer.run([(x.to(device), y.to(device)) for x, y in stream.batches[:batches]], max_epochs=1)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
     seconds = time.perf_counter() - start
     values = (torch.stack(losses).double() * stream.unit_per_loss).tolist()
     return {
