@@ -44,6 +44,7 @@ from benchmarks import methods
 from benchmarks.overhead import make_batches
 from benchmarks.report import markdown_table, rotated, write_page
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
+from ignite_tbptt.runtime.sweep_programs import rnn_weights_kept
 
 K = 5
 #: The schedules of windows that reach back.
@@ -104,7 +105,8 @@ def hand_captured_reaching(model, optimizer, batches, k1, k2, device):
     def window(reach, from_cut):
         h, after_first = (cut if from_cut else None), None
         for j in range(m - reach, m):
-            _, h = functional_call(model, weights[j], (xs[j],) if h is None else (xs[j], h))
+            with rnn_weights_kept([model.rnn]):  # else cuDNN's RNN moves its weights into new buffers each call
+                _, h = functional_call(model, weights[j], (xs[j],) if h is None else (xs[j], h))
             after_first = h if after_first is None else after_first
         y_pred, _ = model(xs[m]) if h is None else model(xs[m], h)
         leaves = [*params.values(), *(w for j in range(m - reach, m) for w in weights[j].values())]

@@ -101,9 +101,10 @@ class LoopListener(Protocol):
 def _not_replayable(source: WindowSource) -> ValueError:
     k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
     return ValueError(
-        f"cuda_graphs captures windows of TBPTT(k1, k2) with k2 >= k1; {type(source).__name__} has k1 = {k1}, "
-        f"k2 = {k2}: steps before a k2 < k1 cut get their own loss only, or windows of varying length are cut at "
-        "places of every kind. Use k2 >= k1 with fixed windows, or pass cuda_graphs=False."
+        f"cuda_graphs captures fixed windows of TBPTT(k1, k2) with k2 >= k1; {type(source).__name__} has k1 = {k1}, "
+        f"k2 = {k2}: steps before a k2 < k1 cut get their own loss only, windows of varying length are cut at "
+        "places of every kind, or the gradient is reweighted inside the sweep (ARTBP). Use fixed windows with "
+        "k2 >= k1, or pass cuda_graphs=False."
     )
 
 

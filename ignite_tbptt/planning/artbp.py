@@ -155,6 +155,11 @@ class ARTBP(WindowSource):
         """No backward pass reaches into an earlier window."""
         return False
 
+    @property
+    def replayable(self) -> bool:
+        """No program runs these windows: the gradient crossing a candidate point is reweighted inside the sweep."""
+        return False
+
     def boundary(self, window: Window, step: int, stream_end: int | None = None) -> int:
         """The next compensated candidate point after ``step``, or the window's end: one model call between."""
         end = window.end if stream_end is None else min(window.end, stream_end)

@@ -43,7 +43,8 @@ targets runs none.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -57,7 +58,7 @@ from .graph_capture import Program, kept
 if TYPE_CHECKING:
     from .window_programs import ProgramExecutor
 
-__all__ = ["SweepProgram", "SweepResults", "Call", "SwappedWeights", "reach_of"]
+__all__ = ["SweepProgram", "SweepResults", "Call", "SwappedWeights", "reach_of", "rnn_weights_kept"]
 
 _RANDOM = (
     "cuda_graphs runs forward passes again inside a window's program (the retained segments a window reaches with "
@@ -109,17 +110,56 @@ class SwappedWeights:
         model: the model.
         initial_state: the trainer's ``initial_state`` (its parameters are swapped too where it is a module).
         trained: the parameters to swap, in the optimizer's order.
+
+    Raises:
+        ValueError: if a trained parameter is neither the model's nor ``initial_state``'s: it could not be swapped,
+            and a segment run again would run with its value now, not the one it ran with.
     """
 
     def __init__(self, model: torch.nn.Module, initial_state: Any, trained: Sequence[torch.Tensor]) -> None:
         self.holder = _Holder(model, initial_state)
+        self.rnns = [m for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
         names = {id(p): name for name, p in self.holder.named_parameters()}
-        self.names = [names.get(id(p)) for p in trained]  # None: used by the loss alone, never swapped
+        self.names = [names.get(id(p)) for p in trained]
+        missing = [tuple(p.shape) for p, name in zip(trained, self.names) if name is None]
+        if missing:
+            raise ValueError(
+                f"cuda_graphs with k2 > k1 runs the retained segments a window reaches again with the weights they ran "
+                f"with, swapped into the model and initial_state, and the optimizer trains parameters of shapes "
+                f"{missing} that are neither's (held by model_fn, the loss, or an initial_state that is a function): "
+                "hold them in the model, or pass initial_state as a module; or pass cuda_graphs=False."
+            )
 
     def __call__(self, weights: Sequence[torch.Tensor], fn: Callable[[], Any]) -> Any:
         """``fn()``, with ``weights[i]`` in the place of the ``i``-th trained parameter."""
-        swapped = {name: w for name, w in zip(self.names, weights) if name is not None}
-        return torch.func.functional_call(self.holder, swapped, (fn,), strict=False)
+        swapped = dict(zip(self.names, weights))
+        with rnn_weights_kept(self.rnns):
+            return torch.func.functional_call(self.holder, swapped, (fn,), strict=False)
+
+
+@contextmanager
+def rnn_weights_kept(rnns: Sequence[torch.nn.RNNBase]) -> Iterator[None]:
+    """A block that swaps the weights of torch's RNN modules (``functional_call``) without moving their own.
+
+    Given other weights, an ``nn.RNN``, ``nn.GRU`` or ``nn.LSTM`` flattens them on CUDA into one new buffer
+    (``flatten_parameters``), and its own again at its next call: the parameters' storage would move every window,
+    which the weight versions, the programs' buffers and a graph's recorded addresses all rely on. Inside the block it
+    runs on the weights as given (cuDNN copies them per call); after it, it holds its own, as flattened before.
+    """
+    # Copies: setting a weight writes into the module's list in place.
+    kept = [(list(m._flat_weights), list(m._flat_weight_refs)) for m in rnns]
+    for m in rnns:
+        m.flatten_parameters = _no_flattening  # an instance attribute: the class's method is untouched
+    try:
+        yield
+    finally:
+        for m, (weights, refs) in zip(rnns, kept):
+            del m.flatten_parameters
+            m._flat_weights, m._flat_weight_refs = weights, refs
+
+
+def _no_flattening() -> None:
+    return None
 
 
 class Call(NamedTuple):
@@ -196,7 +236,8 @@ class SweepProgram:
             for r in reach
         ]
         self.leaves = [w for piece in self.pieces for w in piece.weights]
-        self.swapped = SwappedWeights(executor.model_call.model, executor.model_call.initial_state, trained)
+        model_call = executor.model_call
+        self.swapped = SwappedWeights(model_call.model, model_call.initial_state, trained) if reach else None
         steps = executor.model_call.layout.steps
         self.targets = [steps(y, c.start, c.end).numel() for c in calls]
         # Whether a run checked that the model draws no random numbers, where they would be drawn again.
@@ -244,9 +285,9 @@ class SweepProgram:
         before = None if self.checked else rng.capture(x.device)
         (losses, states, predictions, grads, counts), fresh = self.program()
         if before is not None:
-            self.checked = True
             if not _same_random_state(before, rng.capture(x.device)):
                 raise ValueError(_RANDOM)
+            self.checked = True
         # Read once the window has run, as the eager segments read theirs.
         counts = self.targets if counts is None else torch.stack(counts).tolist()
         if any(counts):

@@ -10,8 +10,10 @@ hidden-state reset of columns that start a sequence at its first step as a mask.
 model, the loss (with ``target_count_fn``'s count, on the device) and the backward pass run on them, and the
 window's gradients (the program's outputs) are added into the parameters' static ``.grad`` buffers after each run
 as autograd's backward pass would add them, once its target count is read (none without targets).
-:class:`ProgramExecutor` runs the plans: replayable ones as programs, every other one (the first windows of a stream,
-windows split by a sequence start, windows of a new shape past the bound) as the eager
+:class:`ProgramExecutor` runs the plans: replayable ones as window programs; a window of several model calls, or one
+that reaches back (k2 > k1), whole as a sweep program (:mod:`~ignite_tbptt.runtime.sweep_programs`), planned as it
+opens, its segments' results then handed to the host's walk of the window; every other window (the first windows of
+a stream, windows the batch ends inside, windows of a new shape past the bound) as the eager
 :class:`~ignite_tbptt.runtime.SegmentExecutor` does. The optimizer step that follows a window is a step program
 where it can be (:mod:`~ignite_tbptt.runtime.step_programs`), else eager; where no handler needs the host between
 windows, the rest of a batch runs as one batch program (:mod:`~ignite_tbptt.runtime.batch_programs`), whose results

@@ -15,6 +15,7 @@ from ignite.engine import Events
 from torch import nn
 
 from ignite_tbptt import (
+    ARTBP,
     AdaptiveTruncation,
     GradientClipping,
     RandomWindows,
@@ -293,11 +294,14 @@ def test_what_graphs_do_not_take_is_refused_at_construction():
     for options, match in (
         ({"k1": RandomWindows(5, 10, seed=0)}, r"RandomWindows has k1 = 5, k2 = 10: .* varying length"),
         ({"k2": 2}, r"k1 = 5, k2 = 2: steps before a k2 < k1 cut get their own loss only"),
+        ({"k1": ARTBP(grid=3, mean_length=8, seed=0)}, r"ARTBP has k1 = None, k2 = None: .* reweighted"),
     ):
         with pytest.raises(ValueError, match=match):
             create_tbptt_trainer(model, optimizer, loss_fn, **{"k1": 5, **options}, cuda_graphs=programs(True))
     trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs=programs(True))
-    with pytest.raises(ValueError, match=r"captures windows of TBPTT\(k1, k2\) with k2 >= k1; AdaptiveTruncation"):
+    with pytest.raises(
+        ValueError, match=r"captures fixed windows of TBPTT\(k1, k2\) with k2 >= k1; AdaptiveTruncation"
+    ):
         AdaptiveTruncation(0.1, 6, 20).attach(trainer)
 
 

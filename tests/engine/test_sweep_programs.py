@@ -64,6 +64,8 @@ def test_windows_reaching_back_give_the_eager_parameters(device, k1, k2, carry_h
     windows, streams = 200 // k1, 8 if not carry_hidden else 2
     assert len(swept(runs)) == len(runs) == windows - streams * ((k2 - k1) // k1 + 1)
     assert len({id(r) for r in runs}) == (2 if (k2 - k1) % k1 else 1)
+    if device.type == "cuda":  # captured after its warm-up, and replayed since
+        assert runs[-1].program.graph is not None
 
 
 def test_steps_run_as_step_programs_after_reaching_windows(device):
@@ -183,6 +185,44 @@ def test_a_call_without_targets_adds_no_gradient_of_its_own(device, k2):
     assert len(swept(runs)) >= 7
 
 
+def test_an_rnn_given_other_weights_keeps_its_own_where_they_are():
+    # Given the weights of a retained segment, torch's RNN modules would flatten them into a new buffer (on CUDA), and
+    # their own again at the next call: the parameters' storage would move every window. The swap keeps them.
+    from unittest import mock
+
+    with mock.patch.object(nn.GRU, "flatten_parameters", autospec=True) as flatten, counting_programs() as runs:
+        model, _, _ = train(True, batches(), k2=10, carry_hidden=True)
+    assert len(swept(runs)) == 40 - 2 * 2
+    assert flatten.call_count <= 2  # at construction and at .to(dtype): none per segment run again
+    rnn = model.rnn
+    assert all(ref() is getattr(rnn, name) for ref, name in zip(rnn._flat_weight_refs, rnn._flat_weights_names))
+    assert all(w is getattr(rnn, name) for w, name in zip(rnn._flat_weights, rnn._flat_weights_names))
+
+
+def test_parameters_that_cannot_be_swapped_are_refused_at_the_first_window_reaching_back():
+    # A learned initial state given as a function holds its parameter where the swap cannot reach: the retained
+    # segments would run again with its value now. Refused, naming the fix; at k1 = k2 nothing runs again.
+    h0 = nn.Parameter(torch.full((1, 1, 8), 0.1, dtype=torch.float64))
+
+    def initial(columns):
+        return h0.expand(1, columns, -1).contiguous()
+
+    def trainer(k2):
+        torch.manual_seed(0)
+        model = CharModel().double()
+        optimizer = torch.optim.SGD([*model.parameters(), h0], lr=0.1)
+        return create_tbptt_trainer(
+            model, optimizer, loss_fn, k1=5, k2=k2, initial_state=initial, carry_hidden=True, cuda_graphs=programs(True)
+        )
+
+    data = mid_window_starts(batches())
+    with pytest.raises(ValueError, match=r"shapes \[\(1, 1, 8\)\] that are neither's .* pass initial_state as a"):
+        trainer(10).run(data, max_epochs=1)
+    with counting_programs() as runs:
+        trainer(5).run(data, max_epochs=1)
+    assert swept(runs)  # the windows a start splits: nothing runs again
+
+
 class Dropping(CharModel):
     def __init__(self):
         super().__init__()
@@ -205,8 +245,13 @@ def test_a_model_drawing_random_numbers_is_refused_before_its_window_changes_any
     with pytest.raises(ValueError, match=r"model drew random numbers"):
         recomputing.run(batches(), max_epochs=1)
     step = trainer._process_function.loop
-    # The stream's first two windows ran eagerly; the third, the first sweep program, was refused.
+    # The stream's first two windows ran eagerly; the third, the first sweep program, was refused, before it added
+    # a gradient: the parameters are the second step's.
     assert trainer.state.window == 3 and step.stream.position == 10 and trainer.state.optimizer_step == 2
+    assert all(p.grad is None for p in model.parameters())
+    # The program checks again at its next run: a refused run does not count as checked.
+    refused = [p for p in step.executor.programs.values() if isinstance(p, sweep_programs.SweepProgram)]
+    assert len(refused) == 1 and not refused[0].checked
 
 
 @pytest.mark.parametrize(
