@@ -319,3 +319,19 @@ def test_resuming_mid_epoch_rebuilds_the_history_sweep_programs_recompute_from(t
     with counting_programs() as runs:
         trainer = assert_resume_is_bit_identical(tmp_path, build, make_batches([7, 12, 5, 9, 11]), 7, stopped=stopped)
     assert trainer.state.iteration == 15 and len(swept(runs)) > 40
+
+
+def test_predictions_of_every_call_reach_output_transform(device):
+    # output_transform gets the batch's predictions, each sweep program's calls' among them, in order.
+    def keep(x, y, y_pred, loss):
+        return y_pred
+
+    data = mid_window_starts(batches())
+    options = {"k2": 10, "carry_hidden": True, "output_transform": keep}
+    eager, eager_trainer, _ = train(False, data, **options)
+    with counting_programs() as runs:
+        model, trainer, _ = train(True, data, **options)
+    assert_close_parameters(eager.parameters(), model.parameters(), device)
+    assert len(swept(runs)) >= 30
+    torch.testing.assert_close(trainer.state.output, eager_trainer.state.output, rtol=1e-12, atol=1e-12)
+    assert trainer.state.output.shape == data[-1][1].shape + (10,)  # every step of the last batch
