@@ -54,11 +54,12 @@ from . import hidden as hs
 from . import rng
 from .backward_sweep import Replay, Segment
 from .graph_capture import Program, kept
+from .weight_versions import ParameterVersions, WeightVersion
 
 if TYPE_CHECKING:
     from .window_programs import ProgramExecutor
 
-__all__ = ["SweepProgram", "SweepResults", "Call", "SwappedWeights", "reach_of", "rnn_weights_kept"]
+__all__ = ["SweepProgram", "SweepResults", "Call", "ReachWeights", "SwappedWeights", "reach_of", "rnn_weights_kept"]
 
 _RANDOM = (
     "cuda_graphs runs forward passes again inside a window's program (the retained segments a window reaches with "
@@ -88,6 +89,36 @@ def reach_of(segments: Sequence[Segment], cut: int, start: int) -> list[Replay] 
         return None
     reach.reverse()
     return reach
+
+
+class ReachWeights:
+    """The trained parameters' values in the weight versions a reach ran with, made once per version.
+
+    A frozen version's values are views into its copies (a few microseconds of Python each, per parameter); a
+    per-token window reaches ``k2 - 1`` segments, each of another version, so each is made once rather than once per
+    window that reaches it. Only the versions of the last reach are kept, so that no copy outlives the history.
+    """
+
+    def __init__(self) -> None:
+        self._made: dict[int, tuple[WeightVersion, bool, list[torch.Tensor]]] = {}
+
+    def __call__(self, versions: ParameterVersions, reach: Sequence[Replay], index: Sequence[int]) -> list[list]:
+        """For each segment of ``reach``, the values of the parameters at ``index`` in its version."""
+        made, out = {}, []
+        for replay in reach:
+            version = replay.version
+            hit = made.get(id(version)) or self._made.get(id(version))
+            if hit is None or hit[0] is not version or hit[1] != version.frozen:  # the current version froze since
+                values = versions.values(version)
+                hit = (version, version.frozen, [values[i] for i in index])
+            made[id(version)] = hit
+            out.append(hit[2])
+        self._made = made
+        return out
+
+    def clear(self) -> None:
+        """Forget every version's values (the trained parameters changed)."""
+        self._made = {}
 
 
 class _Holder(torch.nn.Module):
@@ -252,7 +283,7 @@ class SweepProgram:
     def __call__(
         self,
         reach: Sequence[Replay],
-        values: Callable[[Replay], list[torch.Tensor]],
+        values: Sequence[list[torch.Tensor]],
         state: Any,
         x: torch.Tensor,
         y: torch.Tensor,
@@ -260,7 +291,7 @@ class SweepProgram:
     ) -> SweepResults:
         """Run the window on ``x``, ``y`` after its ``reach``, from ``state`` where the reach is empty.
 
-        ``values(replay)``: the trained weights a retained segment ran with; ``starts``: each call's reset mask.
+        ``values``: for each retained segment, the trained weights it ran with; ``starts``: each call's reset mask.
 
         Raises:
             ValueError: at a program's first run, if the window reaches back and the model drew random numbers;
@@ -273,14 +304,14 @@ class SweepProgram:
                 if buffer is not None:
                     into.append(buffer)
                     sources.append(mask)
-            for piece, replay in zip(self.pieces, reach):
+            for piece, replay, weights in zip(self.pieces, reach, values):
                 into.append(piece.x)
                 sources.append(replay.x)
                 if piece.starts is not None:
                     into.append(piece.starts)
                     sources.append(replay.starts)
                 into += piece.weights
-                sources += values(replay)
+                sources += weights
             torch._foreach_copy_(into, sources)
         before = None if self.checked else rng.capture(x.device)
         (losses, states, predictions, grads, counts), fresh = self.program()

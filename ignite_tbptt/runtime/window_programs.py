@@ -51,7 +51,7 @@ from .module_state import repoint_caches
 from .profiling import profiling
 from .step_programs import StaticGradients, same_settings
 from .stream import StreamState
-from .sweep_programs import Call, SweepProgram, reach_of
+from .sweep_programs import Call, ReachWeights, SweepProgram, reach_of
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram"]
 
@@ -225,6 +225,7 @@ class ProgramExecutor(SegmentExecutor):
         #: The results of the open window's segments, run by a sweep program, for the host's walk of the window.
         self.swept: deque[tuple[Any, int, Any]] = deque()
         self._swept = False  # a sweep program ran the open window's backward pass
+        self.reach_weights = ReachWeights()  # the weights of the versions sweep programs reach
         self._pointers: list[int] = []  # their storage then
 
     def run(
@@ -312,7 +313,8 @@ class ProgramExecutor(SegmentExecutor):
             program = self.programs[key] = SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds)
         self.let_state_graph_go()
         starts = [resets.get(p.start - offset) for p in plans]
-        results = program(reach, self._weights_of, stream.hidden, xw, yw, starts)
+        values = self.reach_weights(stream.history.versions, reach, self._trained_index) if reach else []
+        results = program(reach, values, stream.hidden, xw, yw, starts)
         history, state = stream.history, stream.hidden
         for plan, mask, after in zip(plans, starts, results.states):
             if plan.reached_later:  # it joins the history as what recomputes it
@@ -326,11 +328,6 @@ class ProgramExecutor(SegmentExecutor):
         self.swept = deque(zip(results.losses, results.counts, results.predictions))
         self._swept = True  # its close drops what no later window reaches, and sweeps nothing
         return True
-
-    def _weights_of(self, replay: Replay) -> list[torch.Tensor]:
-        # The trained parameters' values in the weight version a retained segment ran with.
-        values = self.stream.history.versions.values(replay.version)
-        return [values[i] for i in self._trained_index]
 
     def close_window(self, plan: ClosePlan) -> list | None:
         """:meth:`SegmentExecutor.close_window`; after a sweep program, which swept the window, only the drop."""
@@ -445,6 +442,7 @@ class ProgramExecutor(SegmentExecutor):
         """Forget every program: the next windows run eagerly and are captured afresh."""
         self.programs.clear()
         self.batch_programs.clear()
+        self.reach_weights.clear()
         self.trained, self._pointers = [], []
 
     def _check_parameters(self) -> None:
