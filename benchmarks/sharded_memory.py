@@ -98,6 +98,9 @@ def run(local_rank: int, args: argparse.Namespace, ratio: int, out: Path) -> Non
         )
     del model, optimizer
     gc.collect()  # while the group is alive: FSDP2's last asynchronous work objects
+    # Both processes leave together: one tearing its group down while the other (rank 0, writing the result) still
+    # holds work on it aborted a process once ("terminate called without an active exception"), with the machine busy.
+    idist.barrier()
 
 
 def main(argv=None) -> None:

@@ -206,7 +206,8 @@ class StreamLoop:
 
         Raises:
             ValueError: if windows run as window programs (``cuda_graphs``) and ``source``'s windows are not
-                :attr:`~ignite_tbptt.planning.WindowSource.replayable` (each one model call).
+                :attr:`~ignite_tbptt.planning.WindowSource.replayable` (k2 < k1, windows of varying length with
+                k2 != k1, ARTBP).
         """
         if self.executor.runs_programs and not source.replayable:
             raise _not_replayable(source)

@@ -294,8 +294,9 @@ class SweepProgram:
         ``values``: for each retained segment, the trained weights it ran with; ``starts``: each call's reset mask.
 
         Raises:
-            ValueError: at a program's first run, if the window reaches back and the model drew random numbers;
-                nothing of the window is applied (no gradient added, the stream not advanced).
+            ValueError: at a program's first run, if it runs forward passes again (it reaches back, or rebuilds its
+                calls) and the model drew random numbers; nothing of the window is applied (no gradient added, the
+                stream not advanced), and the next run checks again.
         """
         with torch.no_grad():
             first = reach[0].hidden if reach else state
