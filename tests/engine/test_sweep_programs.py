@@ -335,3 +335,42 @@ def test_predictions_of_every_call_reach_output_transform(device):
     assert len(swept(runs)) >= 30
     torch.testing.assert_close(trainer.state.output, eager_trainer.state.output, rtol=1e-12, atol=1e-12)
     assert trainer.state.output.shape == data[-1][1].shape + (10,)  # every step of the last batch
+
+
+@pytest.mark.parametrize("k2", [100, 75], ids=["k2 = 2 k1", "k2 - k1 not a multiple of k1"])
+def test_the_main_jobs_lstm_with_k2_above_k1(device, k2):
+    # The main job's model and data (its --cuda-graphs now takes --k2 above --k1): an LSTM whose state is an (h, c)
+    # pair, its weights swapped into nn.LSTM for the retained segments, Adam fused as under --cuda-graphs.
+    from ignite_tbptt import GradientClipping
+    from ignite_tbptt.data import stream_batches
+    from ignite_tbptt.examples import _char_lm as char_lm
+
+    text = char_lm.stdlib_corpus()[:6_000]
+    vocab = char_lm.Vocabulary(text)
+    tokens = vocab.encode(text).to(torch.get_default_device())
+    data = [(x, y) for x, y in stream_batches(tokens, 4, 200) if x.shape[0] == 200]
+
+    def trained(cuda_graphs):
+        torch.manual_seed(0)
+        model = char_lm.CharLSTM(len(vocab), 16, 32).double().to(torch.get_default_device())
+        optimizer = torch.optim.Adam(model.parameters(), lr=3e-3, fused=True)
+        trainer = create_tbptt_trainer(
+            model,
+            optimizer,
+            char_lm.cross_entropy,
+            50,
+            k2,
+            carry_hidden=True,
+            target_count_fn=lambda y_pred, y: count_targets(y),
+            cuda_graphs=programs(cuda_graphs),
+        )
+        GradientClipping(model, max_norm=1.0).attach(trainer)  # inside the step program
+        with counting_programs() as runs:
+            trainer.run(data, max_epochs=1)
+        return list(model.parameters()), trainer.state.output, runs
+
+    eager, eager_output, _ = trained(False)
+    params, output, runs = trained(True)
+    assert_close_parameters(eager, params, device)
+    assert output == pytest.approx(eager_output, rel=1e-12)
+    assert len(swept(runs)) == len(data) * 4 - (k2 - 50) // 50 - 1
