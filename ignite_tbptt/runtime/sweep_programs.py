@@ -33,8 +33,8 @@ and :meth:`ProgramExecutor.run_sweep <ignite_tbptt.runtime.window_programs.Progr
 - the model draws no random numbers where forward passes run again (the window reaches back, or ``recompute``;
   dropout in training mode): they would draw others than they drew the first time. The first run of each such
   program checks the random generators, and a model that drew is refused;
-- the parameters of the optimizer that the forward pass uses belong to the model, or to ``initial_state`` where it
-  is a module: the weights are swapped in there.
+- where it reaches back, the parameters the optimizer trains belong to the model, or to ``initial_state`` where it
+  is a module: the weights are swapped in there (others are refused at the first such window, naming them).
 
 With ``target_count_fn``, the calls' counts stay on the device; a call without targets adds no gradient of its own
 loss (its backward pass runs apart from the others', and its gradient is masked), as an eager segment without

@@ -165,13 +165,15 @@ def with_a_call_of_padding(data):
     return out
 
 
+@pytest.mark.parametrize("recompute", [None, 2], ids=["kept", "recomputed"])
 @pytest.mark.parametrize("k2", [5, 10], ids=["k1 = k2", "k2 > k1"])
-def test_a_call_without_targets_adds_no_gradient_of_its_own(device, k2):
+def test_a_call_without_targets_adds_no_gradient_of_its_own(device, k2, recompute):
     # With target_count_fn the calls' counts stay on the device: a call of padding only (its loss and gradient NaN
     # here) backpropagates apart, its gradient masked, as an eager segment without targets runs no backward pass;
     # the gradient of the call after it still flows through it.
     options = {
         "k2": k2,
+        "recompute": recompute,  # each call's loss backpropagated apart, through calls rebuilt for each
         "carry_hidden": True,
         "target_count_fn": lambda y_pred, y: count_targets(y),
         "loss": summed_over_count,
