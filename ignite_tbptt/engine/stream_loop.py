@@ -289,8 +289,8 @@ class StreamLoop:
         try:
             self._walk(batch, x, y, resets, keep_predictions, total, predictions)
         finally:
-            if self.executor.runs_programs:  # the walk answered from a batch program's results, if one ran
-                self.executor.finish_batch_program()
+            if self.executor.runs_programs:  # the walk answered from a batch or sweep program's results, if one ran
+                self.executor.end_batch()
                 self.optimizer_step.replayed = None
         return BatchResult(total, predictions)
 

@@ -250,7 +250,8 @@ class SweepProgram:
     ) -> None:
         self.executor, self.calls, self.backward_mean, self.rebuilds = executor, calls, backward_mean, rebuilds
         self.x, self.y = torch.empty_like(x), torch.empty_like(y)
-        columns = executor.model_call.layout.columns(x)
+        model_call, layout = executor.model_call, executor.model_call.layout
+        columns = layout.columns(x)
         self.starts = [
             torch.zeros(columns, dtype=torch.bool, device=x.device) if call.resets else None for call in calls
         ]
@@ -267,10 +268,8 @@ class SweepProgram:
             for r in reach
         ]
         self.leaves = [w for piece in self.pieces for w in piece.weights]
-        model_call = executor.model_call
         self.swapped = SwappedWeights(model_call.model, model_call.initial_state, trained) if reach else None
-        steps = executor.model_call.layout.steps
-        self.targets = [steps(y, c.start, c.end).numel() for c in calls]
+        self.targets = [layout.steps(y, c.start, c.end).numel() for c in calls]
         # Whether a run checked that the model draws no random numbers, where they would be drawn again.
         self.checked = not reach and not rebuilds
         self.program = Program(self._body, executor.graphs, "the window")

@@ -432,11 +432,15 @@ class ProgramExecutor(SegmentExecutor):
         The walk's ``zero_grad()`` at a step's first window cleared them; a window after the program's (the batch
         ending inside it) adds to them, or clears them if it starts a step. Nothing happens once done.
         """
-        self.swept, self._swept = deque(), False  # a batch ends with its last window closed: unless interrupted
         program, self._batch_program, self.replayed = self._batch_program, None, None
         if program is not None and program.gradients is not None:  # the walk's zero_grad() cleared them
             for p, has in zip(self.trained, program.gradients):
                 p.grad = self.gradients.buffer(p) if has else None
+
+    def end_batch(self) -> None:
+        """A batch's walk ended, or was interrupted: nothing a batch or sweep program ran is left for it to answer."""
+        self.swept, self._swept = deque(), False  # a sweep's window closes inside its batch, unless interrupted
+        self.finish_batch_program()
 
     def clear(self) -> None:
         """Forget every program: the next windows run eagerly and are captured afresh."""
