@@ -25,6 +25,7 @@ from ..runtime import (
     RetainedHistory,
     StepHandlers,
     StreamState,
+    SwappedWeights,
     build_executor,
     check_resettable,
     profiled,
@@ -98,14 +99,19 @@ class LoopListener(Protocol):
         """A window's backward pass and its optimizer step, if one was due, are done."""
 
 
-def _not_replayable(source: WindowSource) -> ValueError:
-    k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
-    return ValueError(
-        f"cuda_graphs captures fixed windows of TBPTT(k1, k2) with k2 >= k1; {type(source).__name__} has k1 = {k1}, "
-        f"k2 = {k2}: steps before a k2 < k1 cut get their own loss only, windows of varying length are cut at "
-        "places of every kind, or the gradient is reweighted inside the sweep (ARTBP). Use fixed windows with "
-        "k2 >= k1, or pass cuda_graphs=False."
-    )
+def _check_programs_take(source: WindowSource, call: ModelCall, parameters: list[torch.Tensor]) -> None:
+    # What programs cannot run, refused as the source is installed. Windows that reach back run retained segments
+    # again with the weights they ran with, swapped into the model and the initial state.
+    if not source.replayable:
+        k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
+        raise ValueError(
+            f"cuda_graphs captures fixed windows of TBPTT(k1, k2) with k2 >= k1; {type(source).__name__} has "
+            f"k1 = {k1}, k2 = {k2}: steps before a k2 < k1 cut get their own loss only, windows of varying length "
+            "are cut at places of every kind, or the gradient is reweighted inside the sweep (ARTBP). Use fixed "
+            "windows with k2 >= k1, or pass cuda_graphs=False."
+        )
+    if source.spans_windows:
+        SwappedWeights.check(call.model, call.initial_state, [p for p in parameters if p.requires_grad])
 
 
 class StreamLoop:
@@ -207,10 +213,11 @@ class StreamLoop:
         Raises:
             ValueError: if windows run as window programs (``cuda_graphs``) and ``source``'s windows are not
                 :attr:`~ignite_tbptt.planning.WindowSource.replayable` (k2 < k1, windows of varying length with
-                k2 != k1, ARTBP).
+                k2 != k1, ARTBP), or reach back while the optimizer trains parameters that are neither the model's
+                nor ``initial_state``'s (:class:`~ignite_tbptt.runtime.SwappedWeights`).
         """
-        if self.executor.runs_programs and not source.replayable:
-            raise _not_replayable(source)
+        if self.executor.runs_programs:
+            _check_programs_take(source, self.executor.model_call, self.optimizer_step.parameters())
         if source.spans_windows:  # only windows reaching into earlier ones keep graphs across an optimizer step
             self.history.keep_weight_versions()
         self.planner.source = source

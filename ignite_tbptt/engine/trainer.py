@@ -398,10 +398,9 @@ def create_tbptt_trainer(
             naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
             ``cuda_graphs=True``: a model that is not on a CUDA device; with ``cuda_graphs=True`` or
             ``"uncaptured"``: k2 < k1, windows of varying length with k2 != k1 (also a handler's window source), or
-            ARTBP; when a run starts, a model sharded by FSDP2; at the first sweep program that runs forward passes
-            again (reaching back, or ``recompute``), a model that draws random numbers (dropout); at the first
-            window reaching back, a trained parameter that is neither the model's nor ``initial_state``'s.
-            ``cuda_graphs`` of another value.
+            ARTBP; with k2 > k1, a trained parameter that is neither the model's nor ``initial_state``'s; when a run
+            starts, a model sharded by FSDP2; at the first sweep program that runs forward passes again (reaching
+            back, or ``recompute``), a model that draws random numbers (dropout). ``cuda_graphs`` of another value.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
             captured (a read from the device, or shapes from data, in the model, the loss or ``target_count_fn``),
             naming the fix.

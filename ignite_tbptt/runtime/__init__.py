@@ -32,7 +32,7 @@ from .reset import check_resettable, default_reset_hidden, reset_to
 from .sharded import is_sharded, reduce_gradients_by_sum
 from .step_programs import StaticGradients, StepHandler, StepHandlers, StepProgram, StepPrograms
 from .stream import StreamState
-from .sweep_programs import SweepProgram
+from .sweep_programs import SwappedWeights, SweepProgram
 from .weight_versions import ParameterVersions, WeightVersion
 from .window_programs import Execution, ProgramExecutor, WindowProgram, build_executor
 
@@ -67,6 +67,7 @@ __all__ = [
     "ProgramExecutor",
     "WindowProgram",
     "SweepProgram",
+    "SwappedWeights",
     "GraphCaptureError",
     "GraphCapture",
     "Program",

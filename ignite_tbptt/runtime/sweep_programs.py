@@ -34,7 +34,7 @@ and :meth:`ProgramExecutor.run_sweep <ignite_tbptt.runtime.window_programs.Progr
   dropout in training mode): they would draw others than they drew the first time. The first run of each such
   program checks the random generators, and a model that drew is refused;
 - where it reaches back, the parameters the optimizer trains belong to the model, or to ``initial_state`` where it
-  is a module: the weights are swapped in there (others are refused at the first such window, naming them).
+  is a module: the weights are swapped in there (others are refused as the trainer is built, naming them).
 
 With ``target_count_fn``, the calls' counts stay on the device; a call without targets adds no gradient of its own
 loss (its backward pass runs apart from the others', and its gradient is masked), as an eager segment without
@@ -150,9 +150,19 @@ class SwappedWeights:
     def __init__(self, model: torch.nn.Module, initial_state: Any, trained: Sequence[torch.Tensor]) -> None:
         self.holder = _Holder(model, initial_state)
         self.rnns = [m for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
-        names = {id(p): name for name, p in self.holder.named_parameters()}
-        self.names = [names.get(id(p)) for p in trained]
-        missing = [tuple(p.shape) for p, name in zip(trained, self.names) if name is None]
+        self.names = self._names_in(self.holder, trained)
+
+    @staticmethod
+    def check(model: torch.nn.Module, initial_state: Any, trained: Sequence[torch.Tensor]) -> None:
+        """Refuse, before a run, trained parameters that a swap would not reach (see the class's ``Raises``)."""
+        SwappedWeights._names_in(_Holder(model, initial_state), trained)
+
+    @staticmethod
+    def _names_in(holder: torch.nn.Module, trained: Sequence[torch.Tensor]) -> list[str]:
+        # Each trained parameter's name under the holder; raises for one it does not hold.
+        names = {id(p): name for name, p in holder.named_parameters()}
+        found = [names.get(id(p)) for p in trained]
+        missing = [tuple(p.shape) for p, name in zip(trained, found) if name is None]
         if missing:
             raise ValueError(
                 f"cuda_graphs with k2 > k1 runs the retained segments a window reaches again with the weights they ran "
@@ -160,6 +170,7 @@ class SwappedWeights:
                 f"{missing} that are neither's (held by model_fn, the loss, or an initial_state that is a function): "
                 "hold them in the model, or pass initial_state as a module; or pass cuda_graphs=False."
             )
+        return found
 
     def __call__(self, weights: Sequence[torch.Tensor], fn: Callable[[], Any]) -> Any:
         """``fn()``, with ``weights[i]`` in the place of the ``i``-th trained parameter."""

@@ -201,7 +201,7 @@ def test_an_rnn_given_other_weights_keeps_its_own_where_they_are():
     assert all(w is getattr(rnn, name) for w, name in zip(rnn._flat_weights, rnn._flat_weights_names))
 
 
-def test_parameters_that_cannot_be_swapped_are_refused_at_the_first_window_reaching_back():
+def test_parameters_that_cannot_be_swapped_are_refused_at_construction():
     # A learned initial state given as a function holds its parameter where the swap cannot reach: the retained
     # segments would run again with its value now. Refused, naming the fix; at k1 = k2 nothing runs again.
     h0 = nn.Parameter(torch.full((1, 1, 8), 0.1, dtype=torch.float64))
@@ -219,7 +219,7 @@ def test_parameters_that_cannot_be_swapped_are_refused_at_the_first_window_reach
 
     data = mid_window_starts(batches())
     with pytest.raises(ValueError, match=r"shapes \[\(1, 1, 8\)\] that are neither's .* pass initial_state as a"):
-        trainer(10).run(data, max_epochs=1)
+        trainer(10)  # before anything runs
     with counting_programs() as runs:
         trainer(5).run(data, max_epochs=1)
     assert swept(runs)  # the windows a start splits: nothing runs again
