@@ -15,7 +15,6 @@ from ..layout import Layout
 from ..planning import Schedule, WindowSource
 from ..runtime import (
     Execution,
-    GraphCapture,
     StepPrograms,
     build_model_call,
     default_model_fn,
@@ -118,7 +117,7 @@ def _optimizer_step(optimizer: Any, scaler: Any, accumulation: int, execution: E
     # With window programs, the optimizer step runs as a program too where it can.
     programs = None
     if execution is not Execution.EAGER:
-        programs = StepPrograms(optimizer, scaler, GraphCapture() if execution is Execution.CUDA_GRAPHS else None)
+        programs = StepPrograms(optimizer, scaler, execution.graph_capture())
     return OptimizerStep(optimizer, scaler, accumulation, programs)
 
 
@@ -131,14 +130,17 @@ def _execution(cuda_graphs: Any, device_type: str) -> Execution:
         if device_type != "cuda":
             raise ValueError(
                 f"cuda_graphs=True captures windows in CUDA graphs, but the model is on {device_type!r}: move it to a "
-                "CUDA device (model.to('cuda'), or device='cuda'), pass cuda_graphs='uncaptured' to run the same "
-                "window programs without capture, or cuda_graphs=False."
+                "CUDA device (model.to('cuda'), or device='cuda'), pass cuda_graphs='replayed' to check the "
+                "programs under capture's rules on this device, 'uncaptured' to run them without capture, or "
+                "cuda_graphs=False."
             )
         execution = Execution.CUDA_GRAPHS
     elif cuda_graphs == "uncaptured":
         execution = Execution.PROGRAMS
+    elif cuda_graphs == "replayed":
+        execution = Execution.REPLAYED
     else:
-        raise ValueError(f"cuda_graphs must be True, False or 'uncaptured', got {cuda_graphs!r}.")
+        raise ValueError(f"cuda_graphs must be True, False, 'uncaptured' or 'replayed', got {cuda_graphs!r}.")
     return execution
 
 
@@ -343,7 +345,11 @@ def create_tbptt_trainer(
             overwrites.
             A window's gradients are added into ``.grad`` as an eager backward pass adds them. ``"uncaptured"`` runs
             the same window programs without capture, on any device: they give the eager parameters bit for bit,
-            more slowly (the tests and benchmarks of programs on the CPU use it). Default False.
+            more slowly. ``"replayed"`` keeps capture's rules on any device, the CPU included
+            (:mod:`ignite_tbptt.runtime.replayed_capture`): each program is recorded operator by operator after its
+            warm-up, refusing what a capture refuses (a read back to the host, a shape from data), and replayed
+            without its Python, so that a Python value read at capture stays as captured and a tensor freed or moved
+            since is named: the check, without a GPU, that a model, its loss and its handlers capture. Default False.
         deterministic: use ignite's ``DeterministicEngine``.
 
     Returns:
@@ -396,14 +402,16 @@ def create_tbptt_trainer(
             ``Checkpoint.load_objects``), before anything loads, if the checkpoint was made with another
             configuration where that change is unsafe (:mod:`ignite_tbptt.engine.checkpoint`). ``module_state``
             naming no attribute, or both ``initial_state`` and a ``reset_hidden`` of one's own. With
-            ``cuda_graphs=True``: a model that is not on a CUDA device; with ``cuda_graphs=True`` or
-            ``"uncaptured"``: k2 < k1, windows of varying length with k2 != k1 (also a handler's window source), or
+            ``cuda_graphs=True``: a model that is not on a CUDA device; with ``cuda_graphs=True``, ``"uncaptured"``
+            or ``"replayed"``: k2 < k1, windows of varying length with k2 != k1 (also a handler's window source), or
             ARTBP; with k2 > k1, a trained parameter that is neither the model's nor ``initial_state``'s; when a run
             starts, a model sharded by FSDP2; at the first sweep program that runs forward passes again (reaching
             back, or ``recompute``), a model that draws random numbers (dropout). ``cuda_graphs`` of another value.
-        GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True``, if a window cannot be
-            captured (a read from the device, or shapes from data, in the model, the loss or ``target_count_fn``),
-            naming the fix.
+        GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True`` or ``"replayed"``, if a
+            window cannot be captured (a read from the device, or shapes from data, in the model, the loss or
+            ``target_count_fn``), naming the fix; with ``"replayed"``, the operator and the line that called it.
+        GraphReplayError: (a ``RuntimeError``) during a run with ``cuda_graphs="replayed"``, if a program reads a
+            tensor freed, moved or resized since its capture, naming it.
         StateWrittenInPlace: (a ``RuntimeError``) during a run, if a model call wrote in place into the hidden
             state it was given, naming the tensor's path in the state, its shape, the segment and its window, before
             autograd's own error (:mod:`ignite_tbptt.runtime.in_place`).

@@ -42,6 +42,8 @@ class GraphCapture:
         self.warmup = warmup
         self._pool: Any = None
         self._side: Any = None
+        #: Programs captured, replays of them and warm-up runs before their capture, so far.
+        self.captures = self.replays = self.warmups = 0
 
     def on_side_stream(self, body: Callable[[], Any]) -> Any:
         """Run ``body`` eagerly on a side stream, as warm-up before capture must."""
@@ -67,6 +69,8 @@ class GraphCapture:
         try:
             with torch.cuda.graph(graph, pool=self._pool):
                 outputs = body()
+        except GraphCaptureError:
+            raise
         except RuntimeError as error:
             raise GraphCaptureError(
                 f"{what} could not be captured in a CUDA graph ({error}). A captured program may not read a value "
@@ -76,6 +80,7 @@ class GraphCapture:
                 "random generator unusable in this process (later random draws fail with 'Offset increment outside "
                 "graph capture'): start a new process for the next run."
             ) from error
+        self.captures += 1
         return graph, outputs
 
 
@@ -111,10 +116,12 @@ class Program:
             return self.body(), True
         if self.graph is None and self.runs < capture.warmup:
             self.runs += 1
+            capture.warmups += 1
             return capture.on_side_stream(self.body), True
         if self.graph is None:
             self.graph, self.outputs = capture.captured(self.body, self.what)
         self.graph.replay()
+        capture.replays += 1
         return self.outputs, False
 
 

@@ -49,6 +49,7 @@ from .loss_rule import LossRule
 from .model_call import ModelCall
 from .module_state import repoint_caches
 from .profiling import profiling
+from .replayed_capture import ReplayedCapture
 from .step_programs import StaticGradients, same_settings
 from .stream import StreamState
 from .sweep_programs import Call, ReachWeights, SweepProgram, reach_of
@@ -65,6 +66,17 @@ class Execution(enum.Enum):
     PROGRAMS = "programs"
     #: Replayable windows as window programs captured in CUDA graphs (``cuda_graphs=True``).
     CUDA_GRAPHS = "cuda_graphs"
+    #: Programs recorded once and replayed without their Python, under capture's rules, on any device
+    #: (``cuda_graphs="replayed"``, :mod:`~ignite_tbptt.runtime.replayed_capture`).
+    REPLAYED = "replayed"
+
+    def graph_capture(self, warmup: int = 3) -> GraphCapture | None:
+        """What captures this execution's programs: a CUDA graph's, a recording's, or nothing (run every time)."""
+        if self is Execution.CUDA_GRAPHS:
+            return GraphCapture(warmup)
+        if self is Execution.REPLAYED:
+            return ReplayedCapture(warmup)
+        return None
 
 
 def build_executor(
@@ -75,15 +87,17 @@ def build_executor(
     target_count_fn: Callable[[Any, Any], int] | None,
     parameters: Callable[[], list[torch.Tensor]],
     gradients: StaticGradients | None = None,
+    graphs: GraphCapture | None = None,
 ) -> SegmentExecutor:
     """The executor ``execution`` names, over ``stream``; ``parameters``: the optimizer's, in its order.
 
-    ``gradients``: the static ``.grad`` buffers the window programs share with the step programs.
+    ``gradients``: the static ``.grad`` buffers the window programs share with the step programs; ``graphs``: what
+    captures their programs, shared with the step programs (a new one for ``execution`` if ``None``).
     """
     if execution is Execution.EAGER:
         return SegmentExecutor(model_call, loss, stream, target_count_fn)
-    capture = execution is Execution.CUDA_GRAPHS
-    return ProgramExecutor(model_call, loss, stream, target_count_fn, parameters, capture=capture, gradients=gradients)
+    graphs = graphs if graphs is not None else execution.graph_capture()
+    return ProgramExecutor(model_call, loss, stream, target_count_fn, parameters, graphs=graphs, gradients=gradients)
 
 
 class WindowProgram:
@@ -188,11 +202,12 @@ class ProgramExecutor(SegmentExecutor):
         target_count_fn: ``target_count_fn(y_pred, y)``, a segment's target count, or ``None`` for ``y.numel()``; in
             a program it runs on the device and is read after the window (under capture: after the replay).
         parameters: the optimizer's parameters, in its order.
-        capture: capture each program in a CUDA graph after ``warmup`` eager runs (on CUDA); else run the same
-            program eagerly every window.
+        graphs: what captures each program after its warm-up runs (a CUDA graph's
+            :class:`~ignite_tbptt.runtime.graph_capture.GraphCapture`, or a
+            :class:`~ignite_tbptt.runtime.replayed_capture.ReplayedCapture`); ``None`` runs the same program
+            eagerly every window.
         gradients: the parameters' static ``.grad`` buffers, shared with the step programs (a new set if ``None``).
         limit: the most window shapes given a program.
-        warmup: eager runs of a program, on a side stream, before it is captured.
     """
 
     runs_programs = True
@@ -205,16 +220,16 @@ class ProgramExecutor(SegmentExecutor):
         target_count_fn: Callable[[Any, Any], Any] | None,
         parameters: Callable[[], list[torch.Tensor]],
         *,
-        capture: bool,
+        graphs: GraphCapture | None,
         gradients: StaticGradients | None = None,
         limit: int = 8,
-        warmup: int = 3,
     ) -> None:
         super().__init__(model_call, loss, stream, target_count_fn)
-        self.parameters, self.capture, self.limit = parameters, capture, limit
+        self.parameters, self.limit = parameters, limit
         self.gradients = gradients if gradients is not None else StaticGradients()
         #: What the programs' graphs share (``None`` uncaptured); the step programs use it too.
-        self.graphs = GraphCapture(warmup) if capture else None
+        self.graphs = graphs
+        self.capture = graphs is not None
         self.programs: dict[tuple, WindowProgram | SweepProgram] = {}
         self.batch_programs: dict[tuple, BatchProgram] = {}  # several windows per replay
         #: The mean losses and target counts of a batch program's windows, for the host's walk of the batch.

@@ -17,8 +17,10 @@ from ignite_tbptt import GradientClipping, TBPTTEvents, count_targets, create_tb
 from ignite_tbptt.runtime import batch_programs
 
 from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
-from .test_step_programs import fused_adam, fused_sgd
+from .test_step_programs import fused_adam, fused_sgd, poisoned_at
 from .test_step_programs import train as train_stepping
+
+pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
 
 
 @contextlib.contextmanager
@@ -150,16 +152,9 @@ def test_a_learning_rate_schedule_between_batches_reaches_every_step(device):
     assert len(programmed[2]) == WINDOWS
 
 
-@pytest.mark.cpu_only("the NaN window is picked in Python by counting loss_fn's calls, which a replay does not make")
 def test_non_finite_gradients_in_a_batch_program_name_the_first_refused_step(device):
-    data = batches()
-    calls = [0]
-
-    def poisoned(y_pred, y):  # NaN in the 13th window's loss, in the third batch (a batch program)
-        calls[0] += 1
-        loss = loss_fn(y_pred, y)
-        return loss * torch.nan if calls[0] == 13 else loss
-
+    # NaN in the 13th window's loss, the third of the third batch (a batch program), as the data say.
+    data, poisoned = poisoned_at(batches(), 2, 12)
     torch.manual_seed(0)
     model = CharModel().double()
     trainer = create_tbptt_trainer(

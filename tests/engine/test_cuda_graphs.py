@@ -25,12 +25,9 @@ from ignite_tbptt import (
 )
 from ignite_tbptt.runtime import batch_programs, model_call, sweep_programs, window_programs
 
+from .program_mode import assert_replayed, programs
 
-def programs(cuda_graphs):
-    """``cuda_graphs`` for a test's ``True``: captured where the device has CUDA graphs, else uncaptured programs."""
-    if cuda_graphs is True and torch.get_default_device().type != "cuda":
-        return "uncaptured"
-    return cuda_graphs
+pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
 
 
 class CharModel(nn.Module):
@@ -74,6 +71,8 @@ def train(
         attach(trainer)
     with counting_programs() as runs:
         trainer.run(data, max_epochs=epochs)
+    if cuda_graphs is True:
+        assert_replayed(trainer)
     return model, trainer, len(runs)
 
 
@@ -190,7 +189,7 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached):
         model = functools.partial(CachesItsState, lstm=cached == "lstm") if cached else None
         _, _, runs = train(True, batches(), carry_hidden=True, handlers=[mark_eager_windows], model=model)
     assert runs > 0 and len(alive_at_programs) == runs and made
-    assert all(not alive for alive in alive_at_programs), alive_at_programs
+    assert all(not alive for alive in alive_at_programs), [(i, a) for i, a in enumerate(alive_at_programs) if a]
 
 
 def test_sequence_starts_reset_inside_the_program_and_split_windows_run_as_sweep_programs(device):
@@ -289,7 +288,7 @@ def test_what_graphs_do_not_take_is_refused_at_construction():
     on_cpu = CharModel().to("cpu")
     with pytest.raises(ValueError, match=r"on 'cpu': move it to a CUDA device"):
         create_tbptt_trainer(on_cpu, torch.optim.SGD(on_cpu.parameters(), lr=0.1), loss_fn, k1=5, cuda_graphs=True)
-    with pytest.raises(ValueError, match=r"cuda_graphs must be True, False or 'uncaptured', got 'yes'"):
+    with pytest.raises(ValueError, match=r"cuda_graphs must be True, False, 'uncaptured' or 'replayed', got 'yes'"):
         create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs="yes")
     for options, match in (
         ({"k1": RandomWindows(5, 10, seed=0)}, r"RandomWindows has k1 = 5, k2 = 10: .* varying length"),
@@ -357,6 +356,8 @@ def train_with(cuda_graphs, data, make_model, make_optimizer, handlers=(), **opt
     for attach in handlers:
         attach(trainer, model)
     trainer.run(data, max_epochs=2)
+    if cuda_graphs is True:
+        assert_replayed(trainer)
     return params
 
 

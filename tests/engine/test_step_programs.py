@@ -17,7 +17,10 @@ from ignite.handlers import LRScheduler, PiecewiseLinear, create_lr_scheduler_wi
 from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime import batch_programs, step_programs
 
+from .program_mode import assert_replayed
 from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
+
+pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
 
 
 def fused_sgd(params):
@@ -53,7 +56,9 @@ def counting_steps():
         yield runs
 
 
-def train(cuda_graphs, data, make=fused_sgd, handlers=(), dtype=torch.float64, loss=loss_fn, epochs=2, **options):
+def train(
+    cuda_graphs, data, make=fused_sgd, handlers=(), dtype=torch.float64, loss=loss_fn, epochs=2, replays=True, **options
+):
     torch.manual_seed(0)
     model = CharModel().to(dtype)
     optimizer = make(model.parameters())
@@ -63,6 +68,8 @@ def train(cuda_graphs, data, make=fused_sgd, handlers=(), dtype=torch.float64, l
         attach(trainer, model, optimizer)
     with counting_steps() as steps:
         trainer.run(data, max_epochs=epochs)
+    if cuda_graphs is True and replays:
+        assert_replayed(trainer)
     return model, trainer, steps
 
 
@@ -201,16 +208,25 @@ def test_ignites_schedulers_reach_the_step_at_every_step(device, name):
     assert len(programs_made) == (5 if name == "momentum" else 1)
 
 
-@pytest.mark.cpu_only("the NaN window is picked in Python by counting loss_fn's calls, which a replay does not make")
+def poisoned_at(data, batch, step):
+    """``data`` with a target of -1 at ``step`` of ``batch``, and a loss that is NaN for a window holding one.
+
+    The data decide which window is NaN, as a program replayed without its Python sees them (a count of loss_fn's
+    calls would not: a replay makes none).
+    """
+    data = [(x, y.clone()) for x, y in data]
+    data[batch][1][step, 0] = -1
+
+    def poisoned(y_pred, y):
+        nan_or_one = torch.where((y < 0).any(), torch.nan, 1.0)  # a factor of the loss: where's other branch is 0
+        return loss_fn(y_pred, y.clamp(min=0)) * nan_or_one
+
+    return data, poisoned
+
+
 def test_a_step_with_non_finite_gradients_is_skipped_on_the_device_and_named_at_the_iterations_end(device):
-    data = batches()
-    window = [0]
-
-    def poisoned(y_pred, y):  # the 13th window's loss is NaN: its step, the 13th, has NaN gradients
-        window[0] += 1
-        loss = loss_fn(y_pred, y)
-        return loss * torch.nan if window[0] == 13 else loss
-
+    # The 13th window (the third of iteration 3, steps 10-14) has a NaN loss: its step, the 13th, NaN gradients.
+    data, poisoned = poisoned_at(batches(), 2, 12)
     torch.manual_seed(0)
     model = CharModel().double()
     trainer = create_tbptt_trainer(model, fused_adam(model.parameters()), poisoned, 5, cuda_graphs=programs(True))
@@ -247,7 +263,7 @@ def test_gradients_stay_in_static_buffers_across_steps(device):
 def test_a_profiled_run_steps_eagerly(device):
     data = batches(count=1)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
-        _, trainer, steps = train(True, data, fused_sgd, epochs=1)
+        _, trainer, steps = train(True, data, fused_sgd, epochs=1, replays=False)
     assert not steps and trainer.state.optimizer_step == 5
 
 

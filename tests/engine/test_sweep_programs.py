@@ -30,6 +30,8 @@ from .test_cuda_graphs import (
 )
 from .test_step_programs import fused_adam
 
+pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
+
 
 def swept(runs):
     return [r for r in runs if isinstance(r, sweep_programs.SweepProgram)]
@@ -280,8 +282,8 @@ def test_recomputation_mode_runs_as_sweep_programs_that_keep_no_activation(devic
             return super().forward(x, hidden)
 
     def forward_steps(**more):
-        calls.clear()
-        train(True, data, model=Counted, **{**options, **more})
+        calls.clear()  # the programs' Python, run every window: a replay calls no forward
+        train("uncaptured", data, model=Counted, **{**options, **more})
         return sum(calls)
 
     # Each step runs forward twice in every program (once, and again in the backward pass), its reach as often.

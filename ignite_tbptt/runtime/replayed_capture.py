@@ -1,0 +1,311 @@
+"""Capture's rules on any device: a program recorded operator by operator once, then replayed without its Python.
+
+A CUDA graph replays the kernels its capture recorded, on the addresses it recorded, and nothing else: the Python
+that launched them does not run again. A program that is right only because its Python runs every time is wrong
+captured, and running it uncaptured (``cuda_graphs="uncaptured"``) cannot show it. Three kinds of fault hide there:
+
+- a read of a device value on the host inside the program (``.item()``, ``int()``, ``bool()``, ``if tensor:``,
+  ``nonzero()``, a shape made from data), which a capture refuses;
+- a Python value read at capture that changes later (a learning rate, a count): the graph keeps the one it saw;
+- a tensor the graph reads that its owner has freed, or moved (``p.data = ...``, an optimizer's state reset): the
+  graph reads whatever memory is there now.
+
+:class:`ReplayedCapture` (``cuda_graphs="replayed"``) keeps these rules on the CPU. Its warm-up runs the program
+eagerly, as a CUDA warm-up does. Its capture runs the program once under a recording
+:class:`~torch.utils._python_dispatch.TorchDispatchMode`, which sees every ATen operator, the backward pass's
+included, and refuses, naming the operator and the line that called it, what a capture refuses. Each tensor an
+operator reads is an internal output (made by an earlier recorded operator, kept by the recording as a graph's
+memory pool keeps it) or an external input (made before the capture: a parameter, a static buffer, an optimizer's
+state), tracked by its storage as PyTorch's ``_CUDAGraphInputLivenessTracker`` tracks a graph's inputs, and not
+kept alive by the recording. A replay runs the recorded operators again, below autograd, on the same tensors, and
+writes each result into the tensor the capture made (a graph writes the same addresses): no Python of the program
+runs, so a value read at capture stays as captured. An external input freed, moved or resized since the capture is
+a :class:`GraphReplayError` naming it.
+
+The capture's own run is the program's first run (a CUDA capture runs nothing, and the replay that follows it runs
+the program): the first :meth:`RecordedGraph.replay` after a capture runs nothing again. What cannot be seen here:
+operators on CPU tensors inside a CUDA program, which a graph does not replay at all (on the CPU every tensor is
+such a tensor), and a model whose kernels differ on the GPU (cuDNN's RNNs).
+
+Sources: PyTorch's CUDA semantics notes, "CUDA Graphs" (constraints: no synchronisation with the CPU, static
+addresses, "the graph replays the same kernels with the same arguments"); ``torch/utils/_cuda_debug.py`` (torch 2.13:
+external inputs against internal outputs, by storage); ``torch/utils/_python_dispatch.py`` (``TorchDispatchMode``).
+"""
+
+from __future__ import annotations
+
+import traceback
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from .graph_capture import GraphCapture, GraphCaptureError
+
+__all__ = ["ReplayedCapture", "RecordedGraph", "GraphReplayError", "HOST_READS"]
+
+aten = torch.ops.aten
+
+#: Operators that read a device value back to the host, or make a shape from data: a capture refuses them.
+HOST_READS: dict[Any, str] = {
+    aten._local_scalar_dense: "reads a value back to the host (.item(), int(), float(), bool(), `if tensor:`)",
+    aten.is_nonzero: "reads a value back to the host (bool(tensor), `if tensor:`)",
+    aten.equal: "reads a value back to the host (torch.equal)",
+    aten.nonzero: "makes its shape from data (nonzero(), a boolean mask as an index)",
+    aten.masked_select: "makes its shape from data (masked_select, a boolean mask as an index)",
+    aten._unique: "makes its shape from data (unique)",
+    aten._unique2: "makes its shape from data (unique)",
+    aten.unique_dim: "makes its shape from data (unique)",
+    aten.unique_consecutive: "makes its shape from data (unique_consecutive)",
+    aten.bincount: "makes its shape from data (bincount)",
+}
+_INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+_CONSTANTS = {aten.lift_fresh}  # a tensor made from Python data in the program: its value is the capture's
+
+
+class GraphReplayError(RuntimeError):
+    """A recorded program reads a tensor that was freed, moved or resized since its capture."""
+
+
+@dataclass
+class _External:
+    """A tensor the program reads that was made before its capture, held by its storage's weak reference."""
+
+    storage: weakref.ref
+    pointer: int
+    nbytes: int
+    device: torch.device
+    what: str
+    #: The tensors seen on the storage, by weak reference: one alive on other storage now was moved.
+    tensors: list[weakref.ref]
+
+    def check(self, program: str) -> Any:
+        """The storage, as it was at capture.
+
+        Raises:
+            GraphReplayError: if it was freed, or moved or resized since.
+        """
+        storage = self.storage()
+        moved = any(t is not None and t.untyped_storage().data_ptr() != self.pointer for t in map(_call, self.tensors))
+        if storage is not None and not moved and storage.data_ptr() == self.pointer and storage.nbytes() >= self.nbytes:
+            return storage
+        if storage is None and not moved:
+            raise GraphReplayError(
+                f"{program} reads {self.what}, which was freed since the program was captured: a graph would read "
+                "whatever memory is there now. Keep the tensor alive while the program may replay, or make a new "
+                "program for the new tensor."
+            )
+        raise GraphReplayError(
+            f"{program} reads {self.what}, whose memory was moved or resized since the program was captured "
+            "(p.data = ..., resize_(), a state reassigned): a graph would read the old addresses. Write into the "
+            "tensor in place (copy_), or make a new program for the new tensor."
+        )
+        return storage
+
+
+@dataclass
+class _Op:
+    func: Any
+    args: tuple
+    kwargs: dict
+    outputs: list  # per output: the tensor its result is written into, or None where it aliases an input
+
+
+class _Slot:
+    """An external input's place among an operator's arguments."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def _storage(t: torch.Tensor) -> Any:
+    return t.untyped_storage()
+
+
+def _call(reference: weakref.ref) -> Any:
+    return reference()
+
+
+def _caller() -> str:
+    """The innermost line of the call stack outside torch and this module: where the program did what it did."""
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        name = frame.filename.replace("\\", "/")
+        if "/torch/" not in name and not name.endswith(("/replayed_capture.py", "/contextlib.py")):
+            return f"{frame.filename}:{frame.lineno}" + (f" ({frame.line})" if frame.line else "")
+    return "an unknown line"
+
+
+def _describe(t: torch.Tensor, func: Any, position: int, names: dict[int, str]) -> str:
+    name = names.get(_storage(t).data_ptr())
+    shape = "x".join(map(str, t.shape)) or "0-dim"
+    known = f"{name}, " if name else ""
+    return f"{known}a {shape} {str(t.dtype).removeprefix('torch.')} tensor (argument {position} of {func})"
+
+
+class _Recording(TorchDispatchMode):
+    """Runs and records each operator; refuses those a capture refuses (:data:`HOST_READS`)."""
+
+    def __init__(self, what: str, names: dict[int, str]) -> None:
+        super().__init__()
+        self.what, self.names = what, names
+        self.ops: list[_Op] = []
+        self.externals: list[_External] = []
+        self._external_at: dict[int, int] = {}  # storage pointer -> index in externals
+        self._internal: set[int] = set()  # storage pointers of the tensors recorded operators made
+
+    def _refuse(self, func: Any, why: str) -> None:
+        raise GraphCaptureError(
+            f"{self.what} could not be captured: {func} {why}, called at {_caller()}. A captured program may not read "
+            "a value back to the host or make a shape from data (in the model, model_fn, loss_fn, target_count_fn or "
+            "a handler of TBPTTEvents.OPTIMIZER_STEP_STARTED): keep the value on the device (torch.where, a mask "
+            "multiplied in), or pass cuda_graphs=False."
+        )
+
+    def _check(self, func: Any, args: tuple, kwargs: dict) -> None:
+        packet = func.overloadpacket
+        why = HOST_READS.get(packet)
+        if why is not None:
+            self._refuse(func, why)
+        if packet in _INDEXING:
+            indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+            if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()):
+                self._refuse(func, "makes its shape from data (a boolean mask as an index)")
+        if func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+            self._refuse(func, "makes its shape from data (repeat_interleave without output_size)")
+
+    def _argument(self, t: torch.Tensor, func: Any, position: int, constant: bool) -> Any:
+        storage = _storage(t)
+        pointer = storage.data_ptr()
+        if constant or storage.nbytes() == 0 or pointer in self._internal:
+            # The recording keeps it, as a graph's pool keeps its own memory, but not its autograd graph: the
+            # capture's graph would keep the parameters' AccumulateGrad nodes alive into later windows.
+            return t.detach()
+        index = self._external_at.get(pointer)
+        if index is None:
+            index = self._external_at[pointer] = len(self.externals)
+            what = _describe(t, func, position, self.names)
+            self.externals.append(_External(weakref.ref(storage), pointer, storage.nbytes(), t.device, what, []))
+        seen = self.externals[index].tensors
+        if not any(r() is t for r in seen):
+            seen.append(weakref.ref(t))
+        # Each use of the storage is its own view of it: its geometry is recorded with the use.
+        return _Use(index, t.dtype, t.device, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        self._check(func, args, kwargs)
+        constant = func.overloadpacket in _CONSTANTS
+        inputs: set[int] = set()
+        position = iter(range(10**9))
+
+        def record(t: torch.Tensor) -> Any:
+            inputs.add(_storage(t).data_ptr())
+            return self._argument(t, func, next(position), constant)
+
+        recorded_args = pytree.tree_map_only(torch.Tensor, record, args)
+        recorded_kwargs = pytree.tree_map_only(torch.Tensor, record, kwargs)
+        out = func(*args, **kwargs)
+        outputs = []
+        for t in _tensors(out):
+            pointer = _storage(t).data_ptr()
+            if pointer in inputs or pointer in self._external_at or _storage(t).nbytes() == 0:
+                outputs.append(None)  # a view of an input, or an input written in place: the replay writes it
+            else:
+                self._internal.add(pointer)
+                outputs.append(t.detach())
+        self.ops.append(_Op(func, recorded_args, recorded_kwargs, outputs))
+        return out
+
+
+@dataclass
+class _Use:
+    """One use of an external input: its storage seen with this geometry."""
+
+    index: int
+    dtype: torch.dtype
+    device: torch.device
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+    def tensor(self, storages: list[Any]) -> torch.Tensor:
+        return torch.empty((0,), dtype=self.dtype, device=self.device).set_(
+            storages[self.index], self.offset, self.size, self.stride
+        )
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+class RecordedGraph:
+    """The operators a capture recorded, replayed on the same tensors without the program's Python.
+
+    Args:
+        ops: the recorded operators, in order.
+        externals: the external inputs, tracked by their storage.
+        what: the program, for errors.
+    """
+
+    def __init__(self, ops: list[_Op], externals: list[_External], what: str) -> None:
+        self.ops, self.externals, self.what = ops, externals, what
+        self._captured_run = True  # the capture ran the program: the first replay has nothing left to do
+
+    def replay(self) -> None:
+        """Run the recorded operators again, writing each result where the capture's result is.
+
+        Raises:
+            GraphReplayError: if an external input was freed, moved or resized since the capture.
+        """
+        storages = [external.check(self.what) for external in self.externals]  # all, before anything is written
+        if self._captured_run:
+            self._captured_run = False
+            return
+
+        def resolve(use: _Use) -> torch.Tensor:
+            return use.tensor(storages)
+
+        with torch._C._AutoDispatchBelowADInplaceOrView(), torch.no_grad():
+            for op in self.ops:
+                args = pytree.tree_map_only(_Use, resolve, op.args)
+                kwargs = pytree.tree_map_only(_Use, resolve, op.kwargs)
+                out = op.func(*args, **kwargs)
+                for recorded, fresh in zip(op.outputs, _tensors(out)):
+                    if recorded is not None:
+                        recorded.copy_(fresh)
+
+
+class ReplayedCapture(GraphCapture):
+    """A :class:`~ignite_tbptt.runtime.graph_capture.GraphCapture` that records on any device (``"replayed"``).
+
+    Args:
+        warmup: eager runs of a program before it is captured, as on CUDA.
+        names: called at each capture, the names of tensors the trainer knows (parameters, optimizer state), by
+            storage pointer, for the errors that name an input.
+    """
+
+    def __init__(self, warmup: int = 3, names: Callable[[], dict[int, str]] | None = None) -> None:
+        super().__init__(warmup)
+        self.names = names
+
+    def on_side_stream(self, body: Callable[[], Any]) -> Any:
+        """Run ``body`` eagerly: a warm-up run, on the one stream there is."""
+        return body()
+
+    def captured(self, body: Callable[[], Any], what: str) -> tuple[Any, Any]:
+        """Run ``body`` once, recording it; the recorded graph and the outputs it writes.
+
+        Raises:
+            GraphCaptureError: if ``body`` reads a value back to the host or makes a shape from data.
+        """
+        recording = _Recording(what, self.names() if self.names is not None else {})
+        with recording:
+            outputs = body()
+        self.captures += 1
+        return RecordedGraph(recording.ops, recording.externals, what), outputs

@@ -1,0 +1,37 @@
+"""How the program tests run their programs on the CPU: uncaptured, or recorded and replayed under capture's rules.
+
+The tests of ``cuda_graphs`` write ``programs(True)`` where a GPU captures; the ``program_mode`` fixture
+(``tests/engine/conftest.py``) runs each of them twice on the CPU: ``"uncaptured"`` (the programs' Python every
+window) and ``"replayed"`` (recorded once, replayed without their Python: ``ignite_tbptt.runtime.replayed_capture``).
+"""
+
+import torch
+
+MODES = ("uncaptured", "replayed")
+_mode = {"now": "uncaptured"}
+
+
+def set_mode(mode):
+    _mode["now"] = mode
+
+
+def mode():
+    """The value of ``cuda_graphs`` a test's ``True`` stands for now (``True`` itself under ``--device cuda``)."""
+    return True if torch.get_default_device().type == "cuda" else _mode["now"]
+
+
+def programs(cuda_graphs):
+    """``cuda_graphs`` for a test's ``True``: captured where the device has CUDA graphs, else the mode's programs."""
+    return mode() if cuda_graphs is True else cuda_graphs
+
+
+def graphs(trainer):
+    """The capture a trainer's programs share (``None`` uncaptured): its counts of captures, replays and warm-ups."""
+    return trainer._process_function.loop.executor.graphs
+
+
+def assert_replayed(trainer):
+    """Where programs are captured (replayed on the CPU, CUDA graphs on a GPU), that some ran as replays."""
+    capture = graphs(trainer)
+    if mode() != "uncaptured":
+        assert capture is not None and capture.captures > 0 and capture.replays > 0, "no program was replayed"
