@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import math
 import os
@@ -229,9 +230,13 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
     documents = [path.read_text(encoding="utf-8") for path in args.text] if args.text else stdlib_documents()
     if args.max_chars:
         documents = split_documents(documents, 1 - args.max_chars / sum(len(d) for d in documents))[0]
+    joined = 0  # how many training documents were joined into one stream, where they were
     if args.layout == "stream":
+        starts = list(itertools.accumulate((len(d) + 1 for d in documents), initial=0))[:-1]
         documents = ["\n".join(documents)]
     train_docs, valid_docs = split_documents(documents, args.valid_fraction)
+    if args.layout == "stream":
+        joined = sum(start < len(train_docs[0]) for start in starts) if train_docs else 0
     vocab = Vocabulary("".join(train_docs))
     layout, why = args.layout, ""
     if layout != "stream":
@@ -245,11 +250,12 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
             # One large file, or a few of very different lengths, would train in few columns or drop most of
             # the longest documents: one stream cut into --batch-size columns uses every character.
             why = (
-                f" (auto: {len(train_docs)} training documents for {args.batch_size} columns)"
+                f" (auto: {documents_count(len(train_docs), 'training ')} for {args.batch_size} columns)"
                 if columns < args.batch_size
                 else f" (auto: packed, the documents would keep only {kept:.0%} of the characters)"
             )
-            layout, train_docs, valid_docs = "stream", ["\n".join(train_docs)], ["\n".join(valid_docs)]
+            joined, layout = len(train_docs), "stream"
+            train_docs, valid_docs = ["\n".join(train_docs)], ["\n".join(valid_docs)]
         layout = "stream" if layout == "stream" else "documents"
     if layout == "stream":
         train = stream_batches(vocab.encode(train_docs[0]), args.batch_size, args.seq_len)
@@ -262,13 +268,24 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float]:
     unigram = vocab.unigram_bpc(valid_text)
     # Every column is full in every step of a drop_last epoch: no need to build the batches to count.
     used = train.steps * train.batch_size if layout != "stream" else sum(y.shape[0] for _, y in train) * args.batch_size
+    # The documents as read, also where a stream joins them: the start-up line's counts agree with its reason.
+    trained_on = (
+        f"one stream of {documents_count(joined)} joined by line breaks"
+        if layout == "stream"
+        else documents_count(len(train_docs))
+    )
     (print if idist.get_rank() == 0 else lambda *_, **__: None)(
-        f"{sum(map(len, train_docs)):,} training characters in {len(train_docs)} documents ({used:,} predicted per "
+        f"{sum(map(len, train_docs)):,} training characters in {trained_on} ({used:,} predicted per "
         f"epoch), {len(valid_text):,} validation characters, {len(vocab)} symbols; unigram model: {unigram:.2f} "
         f"bits/char; {truncation(args)}, {layout} layout{why}",
         flush=True,
     )
     return vocab, train, valid, unigram
+
+
+def documents_count(n: int, kind: str = "") -> str:
+    """``n`` documents in words, ``kind`` before the noun: ``"1 document"``, ``"2 training documents"``."""
+    return f"{n} {kind}document{'' if n == 1 else 's'}"
 
 
 def truncation(args: argparse.Namespace) -> str:

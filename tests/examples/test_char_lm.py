@@ -1,4 +1,5 @@
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -162,13 +163,29 @@ def test_one_large_file_trains_in_every_column_and_the_default_corpus_as_documen
     path.write_text("it was the best of times, it was the worst of times. " * 400, encoding="utf-8")
     _, train, _, _ = char_lm.load_data(char_lm.parse_args(["--text", str(path), "--batch-size", "6"]))
     assert len(train) > 1 and all(x.shape[1] == 6 for x, _ in train)
-    assert "stream layout (auto: 1 training documents for 6 columns)" in capsys.readouterr().out
+    assert "in one stream of 1 document joined by line breaks" in (out := capsys.readouterr().out)
+    assert "stream layout (auto: 1 training document for 6 columns)" in out
     _, stream, _, _ = char_lm.load_data(
         char_lm.parse_args(["--text", str(path), "--batch-size", "6", "--layout", "stream"])
     )
     assert len(train) == len(stream)  # the same iterations per epoch as the stream layout
     _, train, _, _ = char_lm.load_data(char_lm.parse_args([]))  # 34 modules of the standard library
     assert "documents layout" in capsys.readouterr().out and train.batch_size == 12
+
+
+@pytest.mark.parametrize("layout", ["auto", "stream"])
+def test_the_start_up_line_counts_the_documents_a_stream_joins_as_its_reason_does(capsys, layout):
+    # The first 100,000 characters of the corpus end inside its second module, and 95% of them train: two documents
+    # for 12 columns, which auto joins into one stream, a line break between them (one character more); --layout
+    # stream joins them before it holds the last 5% out.
+    char_lm.load_data(char_lm.parse_args(["--max-chars", "100000", "--layout", layout]))
+    line = capsys.readouterr().out
+    found = re.search(r"([\d,]+) training characters in one stream of (\d+) documents joined by line breaks", line)
+    assert found, line
+    characters, documents = int(found.group(1).replace(",", "")), int(found.group(2))
+    assert documents == 2 and characters == 95_000 + (documents - 1 if layout == "auto" else 0)
+    if layout == "auto":
+        assert line.rstrip().endswith("stream layout (auto: 2 training documents for 12 columns)")
 
 
 def test_help_lists_every_option(capsys):
