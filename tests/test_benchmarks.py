@@ -179,3 +179,20 @@ def test_the_mamba2_memory_benchmark_measures_tbptt_and_full_bptt_at_tiny_sizes(
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| 128 | TBPTT(32, 64) |" in done.stdout and "| 128 | full BPTT |" in done.stdout
+
+
+def test_the_spread_of_an_examples_figures_runs_each_seed_and_thread_count_apart_and_writes_its_page(tmp_path):
+    from benchmarks import spread
+
+    out, page = tmp_path / "spread.jsonl", tmp_path / "examples.md"
+    argv = ["decoder", "--seeds", "0", "1", "--threads", "1", "--out", str(out), "--page", str(page)]
+    spread.main([*argv, "--", "--length", "200"])  # a few seconds a run
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["example"], r["seed"], r["threads"], r["args"]) for r in records] == [
+        ("decoder", seed, 1, ["--length", "200"]) for seed in (0, 1)
+    ]
+    assert records[0]["figures"] != records[1]["figures"]  # another seed, another training
+    right = [r["figures"]["TBPTT(1, 8): accuracy"] for r in records]
+    text = page.read_text()
+    assert "`python -m ignite_tbptt.examples.decoder [--k2 3] --length 200`, 2 runs: seeds 0, 1; threads 1." in text
+    assert f"| spread |  | {min(right):.3f}-{max(right):.3f} |" in text
