@@ -18,7 +18,7 @@ al., 2016, "Training deep nets with sublinear memory cost", arXiv:1604.06174, se
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -251,18 +251,23 @@ class RetainedHistory:
         params = self.parameters()
         old = replay.version is not None and replay.version.frozen
         current = [p.detach().clone() for p in params] if old else None
-        if old:
-            load_weights(params, self.versions.values(replay.version))
-        inputs, y_pred, hidden_out = self.replay(replay, keep_weights=False)
-        segment.inputs, segment.outputs = inputs, hs.flatten(hidden_out)
-        if segment.y_grad is not None:
-            segment.y_pred = hs.flatten(y_pred)
-        try:
-            yield
-        finally:
-            segment.inputs, segment.outputs, segment.y_pred = [], None, None
-            if current is not None:
-                load_weights(params, current)
+        # The parameters are borrowed and given back bit for bit: their version counters say so. Counted, the two
+        # copies would read as a change to the graphs that saved the live parameters since the last step (the
+        # window's own segments, kept for the next window: a window that a sweep program's segments reach).
+        kept = torch.autograd._unsafe_preserve_version_counter(tuple(params)) if old else nullcontext()
+        with kept:
+            if old:
+                load_weights(params, self.versions.values(replay.version))
+            try:
+                inputs, y_pred, hidden_out = self.replay(replay, keep_weights=False)
+                segment.inputs, segment.outputs = inputs, hs.flatten(hidden_out)
+                if segment.y_grad is not None:
+                    segment.y_pred = hs.flatten(y_pred)
+                yield
+            finally:
+                segment.inputs, segment.outputs, segment.y_pred = [], None, None
+                if current is not None:
+                    load_weights(params, current)
 
     # -- checkpoints ---------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
