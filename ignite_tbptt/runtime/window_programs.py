@@ -327,6 +327,7 @@ class ProgramExecutor(SegmentExecutor):
             mean, rebuilds = first.backward_mean, first.rebuilt
             program = self.programs[key] = SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds)
         self.let_state_graph_go()
+        stream.history.keep_only_replays(len(reach))
         starts = [resets.get(p.start - offset) for p in plans]
         values = self.reach_weights(stream.history.versions, reach, self._trained_index) if reach else []
         results = program(reach, values, stream.hidden, xw, yw, starts)

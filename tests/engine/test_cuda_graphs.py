@@ -150,7 +150,8 @@ def test_optimizers_and_the_inf_check_are_unchanged(device, make):
 @pytest.mark.parametrize(
     "cached", [None, "gru", "lstm"], ids=["state returned", "state cached in an attribute", "(h, c) cached as a tuple"]
 )
-def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached):
+@pytest.mark.parametrize("k1, k2", [(5, 5), (1, 8), (5, 10)], ids=["k1 = k2", "per token (1, 8)", "(5, 10)"])
+def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached, k1, k2):
     # An eager window's graph, kept alive by the state it returned, would keep the parameters' AccumulateGrad nodes
     # of the CUDA stream it ran on; a program's backward pass on the warm-up stream would wait for that stream, and
     # under capture CUDA refuses it ("operation would make the legacy stream depend on a capturing blocking stream").
@@ -178,16 +179,22 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached):
                     node.register_prehook(Marker((engine.state.window, i)))
             program_ran[0] = False
 
-    original = window_programs.WindowProgram.__call__
+    # With k2 > k1 a sweep program's reach may hold segments an eager window retained: their graphs too.
+    def checked(original):
+        def run(self, *args):
+            alive_at_programs.append(made - released)
+            program_ran[0] = True
+            return original(self, *args)
 
-    def checked(self, *args):
-        alive_at_programs.append(made - released)
-        program_ran[0] = True
-        return original(self, *args)
+        return run
 
-    with mock.patch.object(window_programs.WindowProgram, "__call__", checked):
+    with (
+        mock.patch.object(window_programs.WindowProgram, "__call__", checked(window_programs.WindowProgram.__call__)),
+        mock.patch.object(sweep_programs.SweepProgram, "__call__", checked(sweep_programs.SweepProgram.__call__)),
+    ):
         model = functools.partial(CachesItsState, lstm=cached == "lstm") if cached else None
-        _, _, runs = train(True, batches(), carry_hidden=True, handlers=[mark_eager_windows], model=model)
+        options = {"carry_hidden": True, "k1": k1, "k2": k2}
+        _, _, runs = train(True, batches(), handlers=[mark_eager_windows], model=model, **options)
     assert runs > 0 and len(alive_at_programs) == runs and made
     assert all(not alive for alive in alive_at_programs), [(i, a) for i, a in enumerate(alive_at_programs) if a]
 
