@@ -133,8 +133,9 @@ def test_programs_give_the_eager_parameters(device, carry_hidden, accumulation):
 @pytest.mark.parametrize(
     "make",
     [
-        lambda params: torch.optim.SGD(params, lr=0.1, fused=True),
-        lambda params: torch.optim.Adam(params, lr=0.01, fused=True),
+        # Rates of powers of two: fused CUDA kernels read a captured step's rate as float32 (float64 eagerly).
+        lambda params: torch.optim.SGD(params, lr=0.125, fused=True),
+        lambda params: torch.optim.Adam(params, lr=2**-7, fused=True),
         lambda params: torch.optim.AdamW(params, lr=0.01, foreach=True),
     ],
     ids=["fused SGD", "fused Adam", "foreach AdamW"],
@@ -450,7 +451,7 @@ def test_state_kept_in_the_models_attributes(device, starts, fused):
     data = with_window_starts(batches()) if starts else batches()
 
     def adam(params):
-        return torch.optim.Adam(params, lr=0.01, fused=fused or None)
+        return torch.optim.Adam(params, lr=2**-7, fused=fused or None)  # a power of two: float32 on CUDA too
 
     def reset(state, starts):  # the state's tensors, (B, H) in the attribute's tree: zero the starting columns
         return {"modules": {"h": state["modules"]["h"].masked_fill(starts[:, None], 0.0)}, "returned": None}
@@ -523,7 +524,7 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device, fused):
     def trained(cuda_graphs):
         torch.manual_seed(0)
         model = SpikingSpeakerNet(hidden=16).to(torch.get_default_device())
-        optimizer = torch.optim.Adam(model.parameters(), lr=0.01, fused=fused or None)
+        optimizer = torch.optim.Adam(model.parameters(), lr=2**-7, fused=fused or None)
         trainer = create_tbptt_trainer(
             model, optimizer, loss_fn, k1=5, carry_hidden=True, module_state=STATE, cuda_graphs=programs(cuda_graphs)
         )
