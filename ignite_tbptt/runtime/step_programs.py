@@ -43,10 +43,12 @@ the compiled-optimizer tutorial (a tensor learning rate, changed by a scheduler 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
+from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from torch.utils import _pytree as pytree
 
 from .gradients import divide_and_check, skips_on_device
@@ -210,8 +212,13 @@ class StepPrograms:
         return present, [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in groups]
 
     # -- what a program runs -----------------------------------------------------------------------------------
-    def divide(self, divisor: torch.Tensor) -> None:
-        """The step's first part: the gradients divided by ``divisor`` (a buffer) and checked (or unscaled)."""
+    def divide(self, divisor: torch.Tensor) -> dict | None:
+        """The step's first part: the gradients divided by ``divisor`` (a buffer) and checked (or unscaled).
+
+        Returns:
+            With a scaler, its inf/NaN decisions by device (tensors), as its ``unscale_`` records them; else
+            ``None``.
+        """
         optimizer, scaler = self.optimizer, self.scaler
         grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
         if scaler is not None:
@@ -220,10 +227,25 @@ class StepPrograms:
             if dtypes == {torch.float32}:  # a float32 divisor keeps torch's fused kernel; a count below 2**24 is exact
                 divisor = divisor.float()
             torch._foreach_div_(grads, divisor)
+            return dict(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"])
         else:
             decision = divide_and_check(grads, divisor, into=self.found)
             if decision is not self.found:  # several groups (dtypes, devices): only the first checked into it
                 self.found.copy_(decision)
+        return None
+
+    def unscaled(self, found: dict) -> None:
+        """After a replayed division: the scaler's record of the step as its ``unscale_`` leaves it.
+
+        A replay does not run the scaler's Python: without this, it would still take the step's gradients as scaled,
+        and a step run uncaptured after (a host handler changed a hyper-parameter) would unscale them again.
+        """
+        state = self.scaler._per_optimizer_states[id(self.optimizer)]
+        state["stage"], state["found_inf_per_device"] = OptState.UNSCALED, found
+
+    def updated(self) -> None:
+        """After a replayed step: the scaler's records of the step cleared, as its ``update`` clears them."""
+        self.scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     def step(self, handlers: Sequence[StepHandler], skip: torch.Tensor | None = None) -> tuple[list, Any]:
         """The step's second part: the device parts of ``handlers``, the optimizer's step, the scale's update.
@@ -302,7 +324,9 @@ class StepProgram:
     def divide(self) -> None:
         """Run the division and the check, before the host's handlers (a split step)."""
         if self.before is not None:
-            self.before()
+            found, fresh = self.before()
+            if found is not None and not fresh:
+                self.programs.unscaled(found)
 
     def step(self) -> torch.Tensor | None:
         """Run the rest of the step: the division and check (unless run before), device handlers, step, update.
@@ -321,6 +345,8 @@ class StepProgram:
                 (outputs, skipped), fresh = programs.step(self.handlers), True
                 return self._host_parts(outputs, skipped, fresh)
         (outputs, skipped), fresh = self.after()
+        if programs.scaler is not None and not fresh:
+            programs.updated()
         return self._host_parts(outputs, skipped, fresh)
 
     def _host_parts(self, outputs: list, skipped: torch.Tensor | None, fresh: bool) -> torch.Tensor | None:
@@ -335,8 +361,8 @@ class StepProgram:
         self._divide()
         return self._step()
 
-    def _divide(self) -> None:
-        self.programs.divide(self.programs.divisor)
+    def _divide(self) -> dict | None:
+        return self.programs.divide(self.programs.divisor)
 
     def _step(self) -> tuple[list, Any]:
         return self.programs.step(self.handlers)

@@ -425,3 +425,23 @@ def test_a_scaler_that_skips_a_step_restarts_an_overflowed_hidden_state(device):
     assert b == pytest.approx(a, nan_ok=True, rel=1e-6)
     for p, q in zip(ps, qs):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_a_split_step_with_a_scaler_unscales_once_when_a_host_handler_changes_a_setting(device):
+    # A host handler of OPTIMIZER_STEP_STARTED splits the step in two programs; where it changes a hyper-parameter
+    # other than the rate (momentum, here every fourth step) the second half runs uncaptured. After a replayed first
+    # half the scaler must know its gradients are unscaled, or the uncaptured half unscales them again.
+    def momentum_now_and_then(trainer, model, optimizer):
+        def change(engine):
+            if engine.state.optimizer_step % 4 == 0:
+                optimizer.param_groups[0]["momentum"] = 0.5 + engine.state.optimizer_step / 100
+
+        trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, change)
+
+    data = batches()
+    options = {"dtype": torch.float32, "scaler": True}
+    eager, _, _ = train(False, data, fused_sgd, [momentum_now_and_then], **options)
+    model, _, steps = train(True, data, fused_sgd, [momentum_now_and_then], **options)
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
+    assert steps and all(program.before is not None for program in steps)  # split
