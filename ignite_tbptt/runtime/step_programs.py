@@ -175,8 +175,9 @@ class StepPrograms:
         present, settings = ready
         key = (present, tuple(h.key for h in handlers.on_device), handlers.on_host, len(settings), self.identity())
         program = self.programs.get(key)
-        if program is not None and not same_settings(program.settings, settings):
-            del self.programs[key]  # a hyper-parameter other than the learning rate changed: capture it afresh
+        if program is not None and (not same_settings(program.settings, settings) or program.stale()):
+            # A hyper-parameter other than the learning rate changed, or the state has new tensors: capture afresh.
+            del self.programs[key]
             program = None
         if program is None:
             if len(self.programs) >= self.limit:
@@ -192,6 +193,20 @@ class StepPrograms:
         a new state (new tensors, in a new dict), which a graph captured before would not update.
         """
         return tuple(p.data_ptr() for p in self.parameters()), id(self.optimizer.state)
+
+    def state_tensors(self) -> tuple:
+        """Where the optimizer's state tensors are: a handler may give a parameter's state new ones.
+
+        Moments restarted with ``torch.zeros_like`` rather than in place: a step captured before reads the old ones,
+        freed (:meth:`StepProgram.stale`).
+        """
+        state = self.optimizer.state
+        return tuple(
+            (i, key, value.data_ptr())
+            for i, p in enumerate(self.parameters())
+            for key, value in state.get(p, {}).items()
+            if isinstance(value, torch.Tensor)
+        )
 
     def ready(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None:
         """Make the buffers ready for a run: gradients in their static buffers, learning rates written.
@@ -320,6 +335,17 @@ class StepProgram:
         capture = programs.capture
         self.before = Program(self._divide, capture, "the optimizer step") if split else None
         self.after = Program(self._step if split else self._whole, capture, "the optimizer step")
+        self._state: tuple | None = None  # where the optimizer's state tensors were as the step was captured
+
+    def stale(self) -> bool:
+        """Whether the optimizer's state has other tensors than the captured step reads (then it must not replay)."""
+        if self.programs.capture is None:
+            return False  # its Python runs every step, and reads the state as it is
+        now = self.programs.state_tensors()
+        if self.after.graph is None:  # not captured yet: its capture will read the state as it is then
+            self._state = now
+            return False
+        return now != self._state
 
     def divide(self) -> None:
         """Run the division and the check, before the host's handlers (a split step)."""

@@ -17,7 +17,7 @@ from ignite.handlers import LRScheduler, PiecewiseLinear, create_lr_scheduler_wi
 from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime import batch_programs, step_programs
 
-from .program_mode import assert_replayed
+from .program_mode import assert_replayed, mode
 from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
 
 pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
@@ -445,3 +445,24 @@ def test_a_split_step_with_a_scaler_unscales_once_when_a_host_handler_changes_a_
     for p, q in zip(eager.parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
     assert steps and all(program.before is not None for program in steps)  # split
+
+
+def test_an_optimizer_state_reassigned_between_steps_gets_a_new_program(device):
+    # A handler that restarts Adam's moments with new tensors (not in place): a step captured before would read the
+    # old ones, freed. The step programs follow the state's tensors, as they follow the parameters' storage.
+    def restart_moments(trainer, model, optimizer):
+        def restart(engine):
+            for state in optimizer.state.values():
+                state["exp_avg"], state["exp_avg_sq"] = (
+                    torch.zeros_like(state["exp_avg"]),
+                    torch.zeros_like(state["exp_avg_sq"]),
+                )
+
+        trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_COMPLETED(every=15), restart)
+
+    data = batches()
+    eager, _, _ = train(False, data, fused_adam, [restart_moments])
+    model, _, steps = train(True, data, fused_adam, [restart_moments])
+    assert_same(eager, model, device)
+    # Captured, a new program after steps 15 and 30; uncaptured, the program reads the state as it is every step.
+    assert len({id(program) for program in steps}) == (1 if mode() == "uncaptured" else 3)
