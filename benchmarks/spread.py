@@ -113,7 +113,11 @@ EXAMPLES = {
             "reset: read in chunks": r["reset"]["valid_bpc_chunks"],
         },
         "python -m ignite_tbptt.examples.mamba_lm [--reset-every-window]",
-        {"carried - reset, each read as trained": ("carried: read carried", "reset: read in chunks")},
+        {
+            "carried, chunks - carried": ("carried: read in chunks", "carried: read carried"),
+            "carried - reset, each read as trained": ("carried: read carried", "reset: read in chunks"),
+            "carried - reset, both read carried": ("carried: read carried", "reset: read carried"),
+        },
     ),
 }
 
@@ -168,6 +172,18 @@ def _bounds(lo: float, hi: float, name: str, spec: Example) -> str:
     return lo_text if lo_text == hi_text else f"{lo_text} to {hi_text}" if lo < 0 else f"{lo_text}-{hi_text}"
 
 
+def _over(runs: list[dict]) -> str:
+    """The seeds run on each thread count, in words: ``"seeds 0, 1, 2 on 1 thread, seed 0 on 2 threads"``."""
+    parts = []
+    for threads in sorted({r["threads"] for r in runs}):
+        seeds = sorted({r["seed"] for r in runs if r["threads"] == threads})
+        parts.append(
+            f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} on {threads} "
+            f"thread{'s' if threads > 1 else ''}"
+        )
+    return ", ".join(parts)
+
+
 def page(records: list[dict]) -> str:
     """The markdown page of ``records``: per example (and arguments) its command, its runs, each figure's spread."""
     sections = []
@@ -182,11 +198,9 @@ def page(records: list[dict]) -> str:
                 for r, v in zip(runs, values)
             ]
             rows.append(["spread", "", *(_bounds(lo, hi, n, spec) for n, (lo, hi) in spread(values).items())])
-            seeds = ", ".join(str(s) for s in sorted({r["seed"] for r in runs}))
-            threads = ", ".join(str(t) for t in sorted({r["threads"] for r in runs}))
             command = " ".join([spec.command, *args])
             sections.append(
-                f"## {example}\n\n`{command}`, {len(runs)} runs: seeds {seeds}; threads {threads}.\n\n"
+                f"## {example}\n\n`{command}`, {len(runs)} runs: {_over(runs)}.\n\n"
                 + markdown_table(["seed", "threads", *names], rows)
                 + "\n"
             )

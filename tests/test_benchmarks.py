@@ -194,5 +194,5 @@ def test_the_spread_of_an_examples_figures_runs_each_seed_and_thread_count_apart
     assert records[0]["figures"] != records[1]["figures"]  # another seed, another training
     right = [r["figures"]["TBPTT(1, 8): accuracy"] for r in records]
     text = page.read_text()
-    assert "`python -m ignite_tbptt.examples.decoder [--k2 3] --length 200`, 2 runs: seeds 0, 1; threads 1." in text
+    assert "`python -m ignite_tbptt.examples.decoder [--k2 3] --length 200`, 2 runs: seeds 0, 1 on 1 thread." in text
     assert f"| spread |  | {min(right):.3f}-{max(right):.3f} |" in text

@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ignite_tbptt.examples import char_lm
 
-from .readme import BITS, figures, full_run
+from .readme import BITS, figures, full_run, within
 
 pytestmark = pytest.mark.slow  # trains the main job's model in subprocesses
 
@@ -336,6 +336,6 @@ def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path
 
 @full_run
 @pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_readme_gives_the_figures_the_main_job_prints(tmp_path):
+def test_the_main_job_prints_figures_within_the_spread_the_readme_gives(tmp_path):
     history = char_lm.main(["--no-progress", "--checkpoint-every", "0", "--logdir", str(tmp_path)])  # about a minute
-    assert history["valid_bpc"] == pytest.approx(figures("char_lm"), abs=BITS)
+    assert all(within(v, s, BITS) for v, s in zip(history["valid_bpc"], figures("char_lm"), strict=True)), history

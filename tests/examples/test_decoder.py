@@ -6,7 +6,7 @@ import pytest
 
 from ignite_tbptt.examples import decoder
 
-from .readme import POINTS, figures
+from .readme import POINTS, figures, within
 
 pytestmark = pytest.mark.slow  # measures peak memory in subprocesses
 
@@ -37,8 +37,7 @@ def test_memory_stays_flat_as_the_generated_sequence_grows():
 
 
 @pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_readme_gives_the_figures_the_example_prints():
-    within, short = figures("decoder")  # TBPTT(1, 8), then --k2 3
-    assert 100 * decoder.main([])["accuracy"] == pytest.approx(100 * within, abs=POINTS)
-    # At chance (1/6) the last batch's share moves with any rounding: 15.4% with two threads, 17.7% with one.
-    assert 100 * decoder.main(["--k2", "3"])["accuracy"] == pytest.approx(100 * short, abs=3 * POINTS)
+def test_the_example_prints_figures_within_the_spread_the_readme_gives():
+    within_reach, short = figures("decoder")  # TBPTT(1, 8), then --k2 3: at chance (1/6), the last batch's share
+    assert within(decoder.main([])["accuracy"], within_reach, POINTS / 100), within_reach
+    assert within(decoder.main(["--k2", "3"])["accuracy"], short, POINTS / 100), short

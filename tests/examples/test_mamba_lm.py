@@ -6,7 +6,7 @@ pytest.importorskip("transformers")
 
 from ignite_tbptt.examples import mamba_lm  # noqa: E402  (after the skip: the example needs transformers)
 
-from .readme import BITS, figures, full_run  # noqa: E402
+from .readme import BITS, figures, full_run, within  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -22,7 +22,9 @@ def test_both_ways_of_training_learn_the_main_corpus_in_quick_mode(mode):
 
 @full_run
 @pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_readme_gives_the_figures_the_example_prints():
+def test_the_example_prints_figures_within_the_spread_the_readme_gives():
     carried, chunked = mamba_lm.main([]), mamba_lm.main(["--reset-every-window"])  # about a minute each
     printed = [carried["valid_bpc"], carried["valid_bpc_chunks"], chunked["valid_bpc"], chunked["valid_bpc_chunks"]]
-    assert printed == pytest.approx(figures("mamba_lm"), abs=BITS)
+    assert all(within(v, s, BITS) for v, s in zip(printed, figures("mamba_lm"), strict=True)), printed
+    # Each model read the way it was trained, carrying the state gained 0.06-0.15 bits over seeds 0-2.
+    assert carried["valid_bpc"] < chunked["valid_bpc_chunks"] - 0.03

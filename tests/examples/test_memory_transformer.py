@@ -8,7 +8,7 @@ import torch
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.examples import memory_transformer as mt
 
-from .readme import BITS, figures, full_run
+from .readme import BITS, figures, full_run, within
 
 pytestmark = pytest.mark.slow
 
@@ -60,10 +60,9 @@ def test_the_three_variants_learn_the_main_corpus():
 
 @full_run
 @pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_readme_gives_the_figures_the_example_prints():
-    result = mt.main([])  # the defaults: several minutes
+def test_the_example_prints_figures_within_the_spread_the_readme_gives():
+    result = mt.main([])  # the defaults: about 10 minutes
     printed = [result[name]["valid_bpc"] for name in result if name != "unigram_bpc"]  # in the README's order
-    # Torch's threads round the attention's sums otherwise, which moves these figures by up to 0.03 bits: the README
-    # gives the run on two threads (torch's default on 2 cores) and on one.
-    two, one = figures("memory_transformer")[:3], figures("memory_transformer")[3:]
-    assert printed == pytest.approx(one if torch.get_num_threads() == 1 else two, abs=BITS)
+    # Torch's threads round the attention's sums otherwise, which moves these figures by some hundredths of a bit: the
+    # README's spreads are over seeds and thread counts.
+    assert all(within(v, s, BITS) for v, s in zip(printed, figures("memory_transformer"), strict=True)), printed

@@ -6,23 +6,23 @@ import torch
 from ignite_tbptt import create_tbptt_trainer
 from ignite_tbptt.examples import spiking_vowels, vowels
 
-from .readme import BITS, POINTS, figures
+from .readme import BITS, POINTS, figures, within
 
 pytestmark = pytest.mark.slow  # trains two small networks on the whole training set
 
 
 def test_memory_names_the_speaker_better_than_the_memoryless_network_and_chance(device):
     result = spiking_vowels.main([])  # the defaults: about 20 s
-    # 96.2% on the CPU, 93.2% with an H100's kernels (another rounding, another run of training).
+    # Over seeds 0-4 and 1 and 2 threads the memory named 1.4-5.4 points more of the utterances right (5 to 20 of 370)
+    # and stayed above 95%: a margin of 0.5 points holds whatever the seed, the threads or the kernels round.
     assert result["memory_accuracy"] > 0.9 > 1 / 9
-    assert result["memory_accuracy"] > result["no_memory_accuracy"]
-    assert result["memory_bits"] < result["chance_bits"]
-    if device.type == "cpu":  # the README's figures are CPU runs
-        right, bits, right_without, bits_without = figures("spiking_vowels")
-        assert 100 * result["memory_accuracy"] == pytest.approx(right, abs=POINTS)
-        assert 100 * result["no_memory_accuracy"] == pytest.approx(right_without, abs=POINTS)
-        assert result["memory_bits"] == pytest.approx(bits, abs=BITS)
-        assert result["no_memory_bits"] == pytest.approx(bits_without, abs=BITS)
+    assert result["memory_accuracy"] > result["no_memory_accuracy"] + 0.005
+    assert result["memory_bits"] < result["chance_bits"] - 2
+    if device.type == "cpu":  # the README's spreads are of CPU runs; an H100's kernels gave 93.2% with seed 0
+        printed = [100 * result["memory_accuracy"], result["memory_bits"]]
+        printed += [100 * result["no_memory_accuracy"], result["no_memory_bits"]]
+        margins = [POINTS, BITS, POINTS, BITS]
+        assert all(map(within, printed, figures("spiking_vowels"), margins)), (printed, figures("spiking_vowels"))
 
 
 def test_without_module_state_the_membranes_are_named_after_the_first_window():

@@ -7,7 +7,7 @@ import torch
 
 from ignite_tbptt.examples import vowels
 
-from .readme import BITS, POINTS, figures
+from .readme import BITS, POINTS, figures, within
 
 pytestmark = pytest.mark.slow  # trains two small models on the whole training set
 
@@ -22,18 +22,18 @@ def test_the_bundled_data_reads_as_the_uci_set_describes_it():
     assert torch.bincount(speakers).tolist() == [30] * 9  # 30 training utterances per speaker
 
 
-def test_memory_beats_chance_and_the_memoryless_baseline_at_the_last_frame():
+def test_the_model_names_the_speaker_far_better_than_chance():
     result = vowels.main(["--epochs", "4"])
     assert result["memory_bits"] < 1.0 < math.log2(9) == result["chance_bits"]
     assert result["memory_accuracy"] > 0.8 > 1 / 9
-    assert result["memory_accuracy"] > result["no_memory_accuracy"]
+    # Not that memory beats the memoryless model: at the defaults it did so with seeds 0, 1, 2 and 4 by 1.1-4.3
+    # points, and fell 1.1 points behind with seed 3 (docs/benchmarks-examples.md).
 
 
 @pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_readme_gives_the_figures_the_example_prints():
+def test_the_example_prints_figures_within_the_spread_the_readme_gives():
     result = vowels.main([])  # the defaults: about 25 s
-    bits, right, bits_without, right_without = figures("vowels")
-    assert result["memory_bits"] == pytest.approx(bits, abs=BITS)
-    assert result["no_memory_bits"] == pytest.approx(bits_without, abs=BITS)
-    assert 100 * result["memory_accuracy"] == pytest.approx(right, abs=POINTS)
-    assert 100 * result["no_memory_accuracy"] == pytest.approx(right_without, abs=POINTS)
+    printed = [result["memory_bits"], 100 * result["memory_accuracy"]]
+    printed += [result["no_memory_bits"], 100 * result["no_memory_accuracy"]]
+    margins = [BITS, POINTS, BITS, POINTS]
+    assert all(map(within, printed, figures("vowels"), margins)), (printed, figures("vowels"))
