@@ -19,6 +19,7 @@ from ..planning import WindowSource
 from ..runtime import (
     Execution,
     ModelCall,
+    ProgramCounts,
     RetainedHistory,
     StepHandler,
     StepHandlers,
@@ -140,6 +141,11 @@ class TBPTTStep:
         """The ``GradScaler``, or ``None``."""
         return self.optimizer_step.scaler
 
+    @property
+    def programs(self) -> ProgramCounts | None:
+        """How the windows and steps ran as programs (``cuda_graphs``), or ``None`` where they run eagerly."""
+        return getattr(self.loop.executor, "counts", None)
+
     def parameters(self) -> list[torch.Tensor]:
         """The parameters the optimizer updates, in its order."""
         return self.optimizer_step.parameters()
@@ -183,6 +189,7 @@ class TBPTTStep:
         register_tbptt_events(engine)
         engine.state.window_loss = engine.state.window_bounds = engine.state.gradient_reach = None
         engine.state.window_targets = engine.state.targets_seen = engine.state.step_targets = 0
+        engine.state.programs = self.programs  # counted as the run goes (cuda_graphs), else None
         if "targets_seen" not in engine.state_dict_user_keys:
             engine.state_dict_user_keys.append("targets_seen")
         engine.add_event_handler(Events.STARTED, self._started)

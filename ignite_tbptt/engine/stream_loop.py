@@ -161,8 +161,7 @@ class StreamLoop:
             self.stream,
             target_count_fn,
             optimizer_step.parameters,
-            programs.gradients if programs is not None else None,
-            programs.capture if programs is not None else None,
+            programs,
         )
         self.use_source(source)
         #: The model has parameters sharded by FSDP2 and runs in a distributed group (:meth:`start_run`).

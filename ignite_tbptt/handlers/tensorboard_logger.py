@@ -74,6 +74,14 @@ class _Telemetry:
         state.peak_memory_mib = float("nan") if peak is None else peak
 
 
+def _log_programs(engine: Engine, tb: TensorboardLogger, step: Any) -> None:
+    counts = getattr(engine.state, "programs", None)
+    if counts is not None:  # cuda_graphs: how the windows and steps ran
+        at = step(engine, TBPTTEvents.WINDOW_COMPLETED)
+        for name, value in counts.as_dict().items():
+            tb.writer.add_scalar(f"train/programs/{name}", value, at)
+
+
 def _log_k2(engine: Engine, tb: TensorboardLogger, step: Any) -> None:
     k2 = getattr(engine.state, "k2", None)
     if k2 is not None:  # the k2 an AdaptiveTruncation chose
@@ -158,6 +166,9 @@ def attach_tensorboard(
     - ``lr/group_i``: each parameter group's learning rate (ignite's ``OptimizerParamsHandler``);
     - ``loss_scale``: the ``GradScaler``'s scale, when the trainer has one;
     - ``k2``: the k2 an attached :class:`~ignite_tbptt.AdaptiveTruncation` has chosen;
+    - ``programs/captures``, ``programs/replays``, ``programs/warmups``, ``programs/eager_windows`` and
+      ``programs/evictions``: with ``cuda_graphs``, how the windows and steps ran so far (``engine.state.programs``,
+      :class:`~ignite_tbptt.runtime.ProgramCounts`);
     - ``targets_per_second``: targets (tokens) processed per second of wall-clock time since the last log;
     - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
       peak resident set (where the platform reports it).
@@ -225,6 +236,7 @@ def attach_tensorboard(
     tb.attach(trainer, OptimizerParamsHandler(tbptt.optimizer, tag="train"), lr_event)
     # Whether a GradientReach or an AdaptiveTruncation is attached, before or after this call, shows in the state.
     trainer.add_event_handler(window_event, _log_k2, tb, step)
+    trainer.add_event_handler(window_event, _log_programs, tb, step)
     trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, _ReachLog(tb, step, reach_picture_every))
     for name, evaluator in (evaluators or {}).items():
         tb.attach_output_handler(evaluator, Events.COMPLETED, tag=name, metric_names="all", global_step_transform=step)

@@ -28,6 +28,7 @@ from .loss_sum import LossSum
 from .model_call import ModelCall, autocast_for, build_model_call, default_model_fn, device_type_of
 from .module_state import ModuleState, attributes_with_graph, check_attributes
 from .profiling import profiled, profiling
+from .program_cache import ProgramCache, ProgramCounts
 from .reset import check_resettable, default_reset_hidden, reset_to
 from .sharded import is_sharded, reduce_gradients_by_sum
 from .step_programs import StaticGradients, StepHandler, StepHandlers, StepProgram, StepPrograms
@@ -71,6 +72,8 @@ __all__ = [
     "GraphCaptureError",
     "GraphCapture",
     "Program",
+    "ProgramCache",
+    "ProgramCounts",
     "StaticGradients",
     "StepHandler",
     "StepHandlers",

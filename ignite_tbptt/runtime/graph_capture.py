@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from .program_cache import ProgramCounts
+
 __all__ = ["GraphCapture", "Program", "GraphCaptureError", "kept"]
 
 
@@ -42,8 +44,8 @@ class GraphCapture:
         self.warmup = warmup
         self._pool: Any = None
         self._side: Any = None
-        #: Programs captured, replays of them and warm-up runs before their capture, so far.
-        self.captures = self.replays = self.warmups = 0
+        #: How the programs ran: captures, replays and warm-up runs counted here.
+        self.counts = ProgramCounts()
 
     def on_side_stream(self, body: Callable[[], Any]) -> Any:
         """Run ``body`` eagerly on a side stream, as warm-up before capture must."""
@@ -80,7 +82,7 @@ class GraphCapture:
                 "random generator unusable in this process (later random draws fail with 'Offset increment outside "
                 "graph capture'): start a new process for the next run."
             ) from error
-        self.captures += 1
+        self.counts.captures += 1
         return graph, outputs
 
 
@@ -116,12 +118,12 @@ class Program:
             return self.body(), True
         if self.graph is None and self.runs < capture.warmup:
             self.runs += 1
-            capture.warmups += 1
+            capture.counts.warmups += 1
             return capture.on_side_stream(self.body), True
         if self.graph is None:
             self.graph, self.outputs = capture.captured(self.body, self.what)
         self.graph.replay()
-        capture.replays += 1
+        capture.counts.replays += 1
         return self.outputs, False
 
 

@@ -307,5 +307,5 @@ class ReplayedCapture(GraphCapture):
         recording = _Recording(what, self.names() if self.names is not None else {})
         with recording:
             outputs = body()
-        self.captures += 1
+        self.counts.captures += 1
         return RecordedGraph(recording.ops, recording.externals, what), outputs

@@ -53,6 +53,7 @@ from torch.utils import _pytree as pytree
 
 from .gradients import divide_and_check, skips_on_device
 from .graph_capture import GraphCapture, Program
+from .program_cache import ProgramCache, ProgramCounts
 
 __all__ = ["StaticGradients", "StepHandler", "StepHandlers", "StepPrograms", "StepProgram"]
 
@@ -139,7 +140,7 @@ class StepPrograms:
         scaler: the ``GradScaler``, or ``None``.
         capture: the trainer's :class:`~ignite_tbptt.runtime.graph_capture.GraphCapture`, or ``None`` to run the
             programs uncaptured.
-        limit: the most programs kept; further kinds of steps run eagerly.
+        limit: the most programs kept; a new kind of step drops the least recently used.
     """
 
     def __init__(
@@ -150,7 +151,9 @@ class StepPrograms:
         #: as ``GradScaler`` steps it too without a host read.
         self.supported = skips_on_device(optimizer)
         self.gradients = StaticGradients()
-        self.programs: dict[tuple, StepProgram] = {}
+        #: How the programs ran (``engine.state.programs``), shared with the window programs.
+        self.counts = capture.counts if capture is not None else ProgramCounts()
+        self.programs = ProgramCache(limit, self.counts)
         self.device: torch.device | None = None
         self.divisor: torch.Tensor | None = None  # float64, the step's target count (or 1)
         self.found: torch.Tensor | None = None  # float32 inf/NaN decision, carried from step to step until read
@@ -177,12 +180,10 @@ class StepPrograms:
         program = self.programs.get(key)
         if program is not None and (not same_settings(program.settings, settings) or program.stale()):
             # A hyper-parameter other than the learning rate changed, or the state has new tensors: capture afresh.
-            del self.programs[key]
+            self.programs.drop(program)
             program = None
         if program is None:
-            if len(self.programs) >= self.limit:
-                return None
-            program = self.programs[key] = StepProgram(self, handlers.on_device, handlers.on_host, settings)
+            program = self.programs.add(key, StepProgram(self, handlers.on_device, handlers.on_host, settings))
         self.divisor.fill_(divisor)
         return program
 
@@ -367,7 +368,7 @@ class StepProgram:
             # in the captured step: this once the step runs uncaptured, and the next gets a program of its own.
             ready = programs.ready(need_gradients=False)
             if not same_settings(self.settings, ready[1]):
-                programs.programs = {k: v for k, v in programs.programs.items() if v is not self}
+                programs.programs.drop(self)
                 (outputs, skipped), fresh = programs.step(self.handlers), True
                 return self._host_parts(outputs, skipped, fresh)
         (outputs, skipped), fresh = self.after()

@@ -49,8 +49,9 @@ from .loss_rule import LossRule
 from .model_call import ModelCall
 from .module_state import repoint_caches
 from .profiling import profiling
+from .program_cache import ProgramCache, ProgramCounts
 from .replayed_capture import ReplayedCapture
-from .step_programs import StaticGradients, same_settings
+from .step_programs import StaticGradients, StepPrograms, same_settings
 from .stream import StreamState
 from .sweep_programs import Call, ReachWeights, SweepProgram, reach_of
 
@@ -86,18 +87,23 @@ def build_executor(
     stream: StreamState,
     target_count_fn: Callable[[Any, Any], int] | None,
     parameters: Callable[[], list[torch.Tensor]],
-    gradients: StaticGradients | None = None,
-    graphs: GraphCapture | None = None,
+    steps: StepPrograms | None = None,
 ) -> SegmentExecutor:
     """The executor ``execution`` names, over ``stream``; ``parameters``: the optimizer's, in its order.
 
-    ``gradients``: the static ``.grad`` buffers the window programs share with the step programs; ``graphs``: what
-    captures their programs, shared with the step programs (a new one for ``execution`` if ``None``).
+    ``steps``: the step programs, whose static ``.grad`` buffers, capture and counts the window programs share (a
+    capture of their own for ``execution`` if ``None``).
     """
     if execution is Execution.EAGER:
         return SegmentExecutor(model_call, loss, stream, target_count_fn)
-    graphs = graphs if graphs is not None else execution.graph_capture()
-    return ProgramExecutor(model_call, loss, stream, target_count_fn, parameters, graphs=graphs, gradients=gradients)
+    if steps is None:
+        graphs = execution.graph_capture()
+        gradients, counts = None, graphs.counts if graphs is not None else None
+    else:
+        graphs, gradients, counts = steps.capture, steps.gradients, steps.counts
+    return ProgramExecutor(
+        model_call, loss, stream, target_count_fn, parameters, graphs=graphs, gradients=gradients, counts=counts
+    )
 
 
 class WindowProgram:
@@ -193,7 +199,7 @@ class ProgramExecutor(SegmentExecutor):
 
     A stream's first windows run eagerly all the same, until the checks of a model call that need an eager call are
     done (the returned state's cut, the columns a reset handles), and so does every window while torch's profiler
-    runs. Up to ``limit`` window shapes get a program; windows of further shapes run eagerly.
+    runs. Up to ``limit`` window shapes keep a program; a new shape drops the least recently used.
 
     Args:
         model_call: runs the model (its autocast must not cache casts under capture).
@@ -207,7 +213,9 @@ class ProgramExecutor(SegmentExecutor):
             :class:`~ignite_tbptt.runtime.replayed_capture.ReplayedCapture`); ``None`` runs the same program
             eagerly every window.
         gradients: the parameters' static ``.grad`` buffers, shared with the step programs (a new set if ``None``).
-        limit: the most window shapes given a program.
+        counts: how the programs ran, shared with the step programs (new counts if ``None``).
+        limit: the most window shapes given a program, and the most batch programs; a new one drops the least
+            recently used.
     """
 
     runs_programs = True
@@ -222,6 +230,7 @@ class ProgramExecutor(SegmentExecutor):
         *,
         graphs: GraphCapture | None,
         gradients: StaticGradients | None = None,
+        counts: ProgramCounts | None = None,
         limit: int = 8,
     ) -> None:
         super().__init__(model_call, loss, stream, target_count_fn)
@@ -230,8 +239,10 @@ class ProgramExecutor(SegmentExecutor):
         #: What the programs' graphs share (``None`` uncaptured); the step programs use it too.
         self.graphs = graphs
         self.capture = graphs is not None
-        self.programs: dict[tuple, WindowProgram | SweepProgram] = {}
-        self.batch_programs: dict[tuple, BatchProgram] = {}  # several windows per replay
+        #: How the programs ran (``engine.state.programs``).
+        self.counts = counts if counts is not None else graphs.counts if graphs is not None else ProgramCounts()
+        self.programs = ProgramCache(limit, self.counts)  # window and sweep programs
+        self.batch_programs = ProgramCache(limit, self.counts)  # several windows per replay
         #: The mean losses and target counts of a batch program's windows, for the host's walk of the batch.
         self.replayed: deque[tuple[torch.Tensor, int]] | None = None
         self._batch_program: BatchProgram | None = None  # the one the walk answers from
@@ -264,9 +275,9 @@ class ProgramExecutor(SegmentExecutor):
             self.stream.window_loss.add(loss, n, plan.whole_window)
             return SegmentResult(loss, n, predictions if keep_predictions else None)
         if plan.replayable and self.ready():
-            result = self._run_program(plan, x, y, resets, keep_predictions)
-            if result is not None:
-                return result
+            return self._run_program(plan, x, y, resets, keep_predictions)
+        if plan.start == plan.window.start:
+            self.counts.eager_windows += 1
         return super().run(plan, x, y, resets, keep_predictions)
 
     def ready(self) -> bool:
@@ -284,16 +295,14 @@ class ProgramExecutor(SegmentExecutor):
 
     def _run_program(
         self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
-    ) -> SegmentResult | None:
+    ) -> SegmentResult:
         stream = self.stream
         self._check_parameters()
         key = (x.shape, x.dtype, y.shape, y.dtype, resets is not None, plan.backward_mean)
         program = self.programs.get(key)
         if program is None:
-            if len(self.programs) >= self.limit:
-                return None
-            program = self.programs[key] = WindowProgram(
-                self, x, y, stream.hidden, resets is not None, plan.backward_mean
+            program = self.programs.add(
+                key, WindowProgram(self, x, y, stream.hidden, resets is not None, plan.backward_mean)
             )
         self.let_state_graph_go()
         mean, hidden_out, predictions, n = program(x, y, stream.hidden, resets)
@@ -322,10 +331,8 @@ class ProgramExecutor(SegmentExecutor):
         key = ("sweep", xw.shape, xw.dtype, yw.shape, yw.dtype, calls, first.backward_mean, SweepProgram.key(reach))
         program = self.programs.get(key)
         if program is None:
-            if len(self.programs) >= self.limit:
-                return False
             mean, rebuilds = first.backward_mean, first.rebuilt
-            program = self.programs[key] = SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds)
+            program = self.programs.add(key, SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds))
         self.let_state_graph_go()
         stream.history.keep_only_replays(len(reach))
         starts = [resets.get(p.start - offset) for p in plans]
@@ -427,12 +434,10 @@ class ProgramExecutor(SegmentExecutor):
         self._check_parameters()
         program = self.batch_programs.get(key)
         if program is not None and not same_settings(program.settings, settings):
-            del self.batch_programs[key]  # a hyper-parameter other than the learning rate changed
+            self.batch_programs.drop(program)  # a hyper-parameter other than the learning rate changed
             program = None
         if program is None:
-            if len(self.batch_programs) >= self.limit:
-                return None
-            program = self.batch_programs[key] = make()
+            program = self.batch_programs.add(key, make())
         self.let_state_graph_go()
         results = program(x, y, self.stream.hidden, resets, divisors)
         self.stream.hidden = hs.unflatten(self.stream.hidden, results.state)

@@ -34,4 +34,5 @@ def assert_replayed(trainer):
     """Where programs are captured (replayed on the CPU, CUDA graphs on a GPU), that some ran as replays."""
     capture = graphs(trainer)
     if mode() != "uncaptured":
-        assert capture is not None and capture.captures > 0 and capture.replays > 0, "no program was replayed"
+        counts = capture.counts
+        assert capture is not None and counts.captures > 0 and counts.replays > 0, "no program was replayed"

@@ -537,3 +537,24 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device, fused):
     assert len(runs) == 40 - 2 - 1  # 5 windows a batch, 4 batches, 2 epochs of one stream each
     assert all(isinstance(r, batch_programs.BatchProgram) for r in runs) is fused
     assert_same_parameters(eager, graphed_params, device, rtol=1e-5, atol=1e-6)  # captured kernels: float32
+
+
+def test_shapes_past_the_limit_drop_the_least_recently_used_program_and_windows_keep_running_as_programs(device):
+    # Sequence starts at random places with k2 > k1: each window's calls and reach make a shape of their own, far more
+    # than 8. Shapes that stop coming are dropped for new ones, so that windows go on running as programs, as many as
+    # with no limit at all; the counts say so.
+    g = torch.Generator().manual_seed(3)
+    data = []
+    for x, y in batches():
+        data.append((x, y, (torch.rand(x.shape, generator=g) < 0.04).to(x.device)))
+    options = {"carry_hidden": True, "k2": 10}
+    eager, _, _ = train(False, data, **options)
+    model, trainer, _ = train(True, data, **options)
+    with mock.patch.dict(window_programs.ProgramExecutor.__init__.__kwdefaults__, {"limit": 1000}):
+        _, unlimited, _ = train(True, data, **options)
+    for p, q in zip(eager.parameters(), model.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-12, atol=1e-12)
+    counts, without_limit = trainer.state.programs, unlimited.state.programs
+    assert counts.evictions > 0 and without_limit.evictions == 0
+    assert counts.eager_windows == without_limit.eager_windows
+    assert counts.eager_windows < 40 // 4  # the stream's first windows, and those the batches end inside

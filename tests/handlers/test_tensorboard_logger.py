@@ -196,3 +196,22 @@ def test_windows_of_padding_only_log_no_curve(tmp_path):
     logger.close()
     assert trainer.state.window == 6 and trainer.state.output > 0
     assert [e.step for e in read(tmp_path).Scalars("train/window_loss")] == [1, 2, 3]
+
+
+def test_how_programs_ran_is_logged_with_cuda_graphs(tmp_path):
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5, fused=True)
+    batches = [(x.float(), y) for x, y in make_batches([8, 12])]
+    trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 4, carry_hidden=True, cuda_graphs="replayed")
+    logger = attach_tensorboard(trainer, tmp_path)
+    trainer.run(batches, max_epochs=3)
+    logger.close()
+    events = read(tmp_path)
+    counts = trainer.state.programs
+    assert counts.replays > 0 and counts.captures > 0
+    for name, value in counts.as_dict().items():
+        logged = [e.value for e in events.Scalars(f"train/programs/{name}")]
+        assert logged == sorted(logged) and logged[-1] == value  # counts so far, at every window
+    eager = create_tbptt_trainer(model, optimizer, cross_entropy, 4, carry_hidden=True)
+    assert eager.state.programs is None

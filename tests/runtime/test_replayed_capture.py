@@ -52,7 +52,7 @@ def test_a_replay_gives_the_eager_parameters_bit_for_bit():
                 x.add_(0.01 * window)  # the input buffer, written in place before each run
             states.append(program()[0].clone())
         runs[capture is None] = ([p.detach().clone() for p in model.parameters()], states)
-    assert capture.captures == 1 and capture.warmups == 2 and capture.replays == 8
+    assert capture.counts.as_dict() == {"captures": 1, "replays": 8, "warmups": 2, "eager_windows": 0, "evictions": 0}
     (eager, eager_states), (replayed, replayed_states) = runs[True], runs[False]
     assert all(torch.equal(a, b) for a, b in zip(eager, replayed))
     assert all(torch.equal(a, b) for a, b in zip(eager_states, replayed_states))
@@ -87,7 +87,7 @@ def test_a_python_value_read_at_capture_stays_as_captured():
         results[mode], trainer = train(mode, batches(), loss, [attach])
     assert all(torch.equal(a, b) for a, b in zip(results[False], results["uncaptured"]))
     assert max((a - b).abs().max().item() for a, b in zip(results[False], results["replayed"])) > 1e-4
-    assert trainer._process_function.loop.executor.graphs.replays > 0
+    assert trainer._process_function.loop.executor.graphs.counts.replays > 0
 
 
 def test_a_host_read_is_refused_at_capture_with_the_operator_and_the_line():

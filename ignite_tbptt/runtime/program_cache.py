@@ -1,0 +1,83 @@
+"""The programs a trainer keeps, at most a limit of them, and the counts of how its programs ran.
+
+A program stands for one shape of window, batch or optimizer step. Shapes that stop coming (sequence starts at
+places that do not recur, a batch length seen once) must not hold their slot: the least recently used program is
+dropped for a new one, its graph freed, and the drop counted. A user reads the counts as ``engine.state.programs``;
+:func:`~ignite_tbptt.attach_tensorboard` logs them under ``train/programs/``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["ProgramCounts", "ProgramCache"]
+
+
+@dataclass
+class ProgramCounts:
+    """How a trainer's programs ran so far (``cuda_graphs``), summed over window, batch and step programs."""
+
+    #: Programs captured (a CUDA graph, or a recording with ``cuda_graphs="replayed"``).
+    captures: int = 0
+    #: Replays of captured programs.
+    replays: int = 0
+    #: Eager runs of programs before their capture, as CUDA's warm-up asks.
+    warmups: int = 0
+    #: Windows that ran eagerly, outside any program (a stream's first, one the batch ends inside, ...).
+    eager_windows: int = 0
+    #: Programs dropped, least recently used first, to make room for a new one.
+    evictions: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts by name."""
+        return asdict(self)
+
+
+class ProgramCache:
+    """Programs by key, at most ``limit``; a new one drops the least recently used.
+
+    Args:
+        limit: the most programs kept.
+        counts: where the drops are counted.
+    """
+
+    def __init__(self, limit: int, counts: ProgramCounts) -> None:
+        self.limit, self.counts = limit, counts
+        self._programs: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def get(self, key: Hashable) -> Any:
+        """The program of ``key``, now the most recently used, or ``None``."""
+        program = self._programs.get(key)
+        if program is not None:
+            self._programs.move_to_end(key)
+        return program
+
+    def add(self, key: Hashable, program: Any) -> Any:
+        """Keep ``program`` under ``key``, dropping the least recently used where the cache is full; ``program``."""
+        while len(self._programs) >= self.limit:
+            self._programs.popitem(last=False)
+            self.counts.evictions += 1
+        self._programs[key] = program
+        return program
+
+    def drop(self, program: Any) -> None:
+        """Forget ``program`` (what it was captured for changed)."""
+        for key in [k for k, p in self._programs.items() if p is program]:
+            del self._programs[key]
+
+    def clear(self) -> None:
+        """Forget every program."""
+        self._programs.clear()
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._programs)
+
+    def values(self) -> list[Any]:
+        """The programs, least recently used first."""
+        return list(self._programs.values())
