@@ -321,7 +321,7 @@ class StreamLoop:
                     run_at_once(self, batch, x, y, resets, keep_predictions, one_window_per_step)
                 self._open_window()
                 if self.executor.runs_programs:
-                    run_window(self, batch, x, y, resets, one_window_per_step)
+                    run_window(self, batch, x, y, resets, one_window_per_step, keep_predictions)
             step = stream.position
             plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
             start, end = plan.start - offset, plan.end - offset

@@ -20,6 +20,7 @@ from ..runtime import (
     default_model_fn,
     default_reset_hidden,
     device_type_of,
+    refuse_own_dropout_state,
 )
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .optimizer_step import OptimizerStep
@@ -80,9 +81,9 @@ def tbptt_training_step(
     layout = Layout.of(time_dim)
     _check_options(autocast_dtype, prepare_batch, model_fn, output_transform, target_count_fn, reset_hidden)
     accumulation = positive_int("gradient_accumulation_steps", gradient_accumulation_steps)
-    recompute = None if recompute is None else positive_int("recompute", recompute, "steps per rebuilt segment")
     device_type = device_type_of(model, device)
     execution = _execution(cuda_graphs, device_type)
+    recompute = _recompute(recompute, model, device_type, execution)
     optimizer_step = _optimizer_step(optimizer, _scaler(scaler, device_type, autocast_dtype), accumulation, execution)
     model_call = build_model_call(
         model,
@@ -142,6 +143,15 @@ def _execution(cuda_graphs: Any, device_type: str) -> Execution:
     else:
         raise ValueError(f"cuda_graphs must be True, False, 'uncaptured' or 'replayed', got {cuda_graphs!r}.")
     return execution
+
+
+def _recompute(recompute: Any, model: torch.nn.Module, device_type: str, execution: Execution) -> int | None:
+    if recompute is None:
+        return None
+    recompute = positive_int("recompute", recompute, "steps per rebuilt segment")
+    if device_type == "cuda" and execution is Execution.EAGER:  # programs check it as they first run
+        refuse_own_dropout_state(model, "recompute", "recompute=None")
+    return recompute
 
 
 def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
@@ -406,7 +416,9 @@ def create_tbptt_trainer(
             or ``"replayed"``: k2 < k1, windows of varying length with k2 != k1 (also a handler's window source), or
             ARTBP; with k2 > k1, a trained parameter that is neither the model's nor ``initial_state``'s; when a run
             starts, a model sharded by FSDP2; at the first sweep program that runs forward passes again (reaching
-            back, or ``recompute``), a model that draws random numbers (dropout). ``cuda_graphs`` of another value.
+            back, or ``recompute``), a model that draws random numbers (dropout); there, and with ``recompute`` on
+            CUDA, an ``nn.RNN``, ``nn.GRU`` or ``nn.LSTM`` with dropout between its layers (cuDNN draws it from a
+            state of its own, which no replay restores), named. ``cuda_graphs`` of another value.
         GraphCaptureError: (a ``RuntimeError``) during a run with ``cuda_graphs=True`` or ``"replayed"``, if a
             window cannot be captured (a read from the device, or shapes from data, in the model, the loss or
             ``target_count_fn``), naming the fix; with ``"replayed"``, the operator and the line that called it.

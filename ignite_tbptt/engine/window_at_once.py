@@ -23,7 +23,13 @@ __all__ = ["run_window"]
 
 
 def run_window(
-    loop: StreamLoop, batch: BatchPlan, x: Any, y: Any, resets: dict[int, torch.Tensor], one_window_per_step: bool
+    loop: StreamLoop,
+    batch: BatchPlan,
+    x: Any,
+    y: Any,
+    resets: dict[int, torch.Tensor],
+    one_window_per_step: bool,
+    keep_predictions: bool,
 ) -> bool:
     """Run the window that just opened as a sweep program, where it is one; returns whether it ran.
 
@@ -37,7 +43,7 @@ def run_window(
     plans = _segments(loop, batch, one_window_per_step)
     if plans is None or (len(plans) == 1 and not plans[0].joins_history):
         return False
-    return executor.run_sweep(plans, x, y, resets, batch.start)
+    return executor.run_sweep(plans, x, y, resets, batch.start, keep_predictions)
 
 
 def _segments(loop: StreamLoop, batch: BatchPlan, one_window_per_step: bool) -> list[SegmentPlan] | None:

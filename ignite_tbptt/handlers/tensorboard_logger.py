@@ -82,6 +82,10 @@ def _log_programs(engine: Engine, tb: TensorboardLogger, step: Any) -> None:
             tb.writer.add_scalar(f"train/programs/{name}", value, at)
 
 
+# It reads the counts only: after a batch program its windows log the counts as the program left them.
+_log_programs.reads_state_only = True  # type: ignore[attr-defined]
+
+
 def _log_k2(engine: Engine, tb: TensorboardLogger, step: Any) -> None:
     k2 = getattr(engine.state, "k2", None)
     if k2 is not None:  # the k2 an AdaptiveTruncation chose

@@ -30,6 +30,7 @@ from .module_state import ModuleState, attributes_with_graph, check_attributes
 from .profiling import profiled, profiling
 from .program_cache import ProgramCache, ProgramCounts
 from .reset import check_resettable, default_reset_hidden, reset_to
+from .rng import refuse_own_dropout_state
 from .sharded import is_sharded, reduce_gradients_by_sum
 from .step_programs import StaticGradients, StepHandler, StepHandlers, StepProgram, StepPrograms
 from .stream import StreamState
@@ -56,6 +57,7 @@ __all__ = [
     "default_reset_hidden",
     "check_resettable",
     "reset_to",
+    "refuse_own_dropout_state",
     "ModuleState",
     "attributes_with_graph",
     "check_attributes",

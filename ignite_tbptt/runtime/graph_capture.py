@@ -19,11 +19,13 @@ inputs copied in, outputs read after ``replay()``; "Graph memory management": gr
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from .profiling import NO_CONTEXT
 from .program_cache import ProgramCounts
 
 __all__ = ["GraphCapture", "Program", "GraphCaptureError", "kept"]
@@ -46,16 +48,27 @@ class GraphCapture:
         self._side: Any = None
         #: How the programs ran: captures, replays and warm-up runs counted here.
         self.counts = ProgramCounts()
+        #: The device the programs' parameters are on (set as they are read): warm-up, capture and replay run with
+        #: it current, as a model on ``cuda:1`` needs, whatever device the process has current.
+        self.device: torch.device | None = None
+
+    def on_device(self) -> AbstractContextManager:
+        """The programs' CUDA device made current, for a warm-up, a capture or a replay."""
+        device = self.device
+        if device is None or device.type != "cuda" or device.index is None:
+            return NO_CONTEXT
+        return torch.cuda.device(device)
 
     def on_side_stream(self, body: Callable[[], Any]) -> Any:
-        """Run ``body`` eagerly on a side stream, as warm-up before capture must."""
-        current = torch.cuda.current_stream()
-        if self._side is None:
-            self._side = torch.cuda.Stream()
-        self._side.wait_stream(current)
-        with torch.cuda.stream(self._side):
-            result = body()
-        current.wait_stream(self._side)
+        """Run ``body`` eagerly on a side stream of the programs' device, as warm-up before capture must."""
+        with self.on_device():
+            current = torch.cuda.current_stream()
+            if self._side is None:
+                self._side = torch.cuda.Stream()
+            self._side.wait_stream(current)
+            with torch.cuda.stream(self._side):
+                result = body()
+            current.wait_stream(self._side)
         return result
 
     def captured(self, body: Callable[[], Any], what: str) -> tuple[Any, Any]:
@@ -67,10 +80,12 @@ class GraphCapture:
         """
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph, pool=self._pool):
-                outputs = body()
+            # On the programs' device: capturing on another's stream would record none of their kernels.
+            with self.on_device():
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._pool):
+                    outputs = body()
         except GraphCaptureError:
             raise
         except RuntimeError as error:
@@ -122,7 +137,8 @@ class Program:
             return capture.on_side_stream(self.body), True
         if self.graph is None:
             self.graph, self.outputs = capture.captured(self.body, self.what)
-        self.graph.replay()
+        with capture.on_device():
+            self.graph.replay()
         capture.counts.replays += 1
         return self.outputs, False
 

@@ -7,7 +7,14 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["RNGState", "capture", "replayed"]
+__all__ = ["RNGState", "capture", "replayed", "own_dropout_state", "refuse_own_dropout_state"]
+
+_OWN_DROPOUT_STATE = (
+    "{where} runs forward passes again, and recurrent modules with dropout between their layers ({names}) draw it "
+    "from cuDNN's own random state on CUDA, which torch's generators do not hold: a forward pass run again would "
+    "draw other masks than it drew the first time, and the gradients would not be the eager trainer's. Use "
+    "dropout=0 in those modules (dropout of your own between single-layer modules replays), or {fix}."
+)
 
 RNGState = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -15,6 +22,32 @@ RNGState = tuple[torch.Tensor, torch.Tensor | None]
 def capture(device: torch.device) -> RNGState:
     """The CPU generator's state and, for a CUDA ``device``, that device's generator state."""
     return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def own_dropout_state(model: torch.nn.Module) -> list[str]:
+    """The modules of ``model`` that draw random numbers from a state of their own on CUDA, by name.
+
+    ``nn.RNN``, ``nn.GRU`` and ``nn.LSTM`` with ``dropout > 0`` and more than one layer: cuDNN keeps their dropout
+    state in a buffer of its own, which :func:`capture` and :func:`replayed` do not reach.
+    """
+    return [
+        name or type(module).__name__
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.RNNBase) and module.dropout > 0 and module.num_layers > 1
+    ]
+
+
+def refuse_own_dropout_state(model: torch.nn.Module, where: str, fix: str) -> None:
+    """Refuse ``model`` with modules of :func:`own_dropout_state`, where forward passes run again.
+
+    The trainer trains in training mode, whatever mode the model is in as the trainer is built.
+
+    Raises:
+        ValueError: naming the modules, ``where`` forward passes run again, and ``fix``.
+    """
+    names = own_dropout_state(model)
+    if names:
+        raise ValueError(_OWN_DROPOUT_STATE.format(where=where, names=", ".join(repr(n) for n in names), fix=fix))
 
 
 @contextmanager

@@ -312,6 +312,7 @@ class StepPrograms:
             dtype = torch.float64 if device.type == "cpu" else torch.float32
             self.lrs = [torch.zeros((), dtype=dtype, device=device) for _ in self.optimizer.param_groups]
         if self.capture is not None:
+            self.capture.device = device
             for group in self.optimizer.param_groups:
                 if group.get("capturable") is False:  # Adam's and AdamW's check under capture asks for it
                     group["capturable"] = True

@@ -298,10 +298,12 @@ class SweepProgram:
         x: torch.Tensor,
         y: torch.Tensor,
         starts: Sequence[torch.Tensor | None],
+        keep_predictions: bool = False,
     ) -> SweepResults:
         """Run the window on ``x``, ``y`` after its ``reach``, from ``state`` where the reach is empty.
 
-        ``values``: for each retained segment, the trained weights it ran with; ``starts``: each call's reset mask.
+        ``values``: for each retained segment, the trained weights it ran with; ``starts``: each call's reset mask;
+        ``keep_predictions``: return the calls' predictions (a replay's are copied out for it), else ``None`` each.
 
         Raises:
             ValueError: at a program's first run, if it runs forward passes again (it reaches back, or rebuilds its
@@ -324,6 +326,12 @@ class SweepProgram:
                 into += piece.weights
                 sources += weights
             torch._foreach_copy_(into, sources)
+        if not self.checked:  # before the generators are compared, which on CUDA would not show cuDNN's own state
+            rng.refuse_own_dropout_state(
+                self.executor.model_call.model,
+                "cuda_graphs (a window reaching back, k2 > k1, or recompute)",
+                "cuda_graphs=False",
+            )
         before = None if self.checked else rng.capture(x.device)
         (losses, states, predictions, grads, counts), fresh = self.program()
         if before is not None:
@@ -334,7 +342,8 @@ class SweepProgram:
         counts = self.targets if counts is None else torch.stack(counts).tolist()
         if any(counts):
             self.executor.add_window_gradients(grads)
-        losses, states, predictions = kept((losses, states, predictions), fresh)
+        losses, states = kept((losses, states), fresh)
+        predictions = kept(predictions, fresh) if keep_predictions else [None] * len(predictions)
         return SweepResults(losses, counts, states, predictions)
 
     def _body(self) -> tuple[list, list, list, list, Any]:

@@ -57,6 +57,8 @@ from .sweep_programs import Call, ReachWeights, SweepProgram, reach_of
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram"]
 
+Resets = dict[int, torch.Tensor]  # the columns that start a sequence, by step of the batch
+
 
 class Execution(enum.Enum):
     """How a trainer's windows run, decided once where its options are read (``cuda_graphs``)."""
@@ -137,14 +139,14 @@ class WindowProgram:
         self.program = Program(self._body, executor.graphs, "the window")
 
     def __call__(
-        self, x: torch.Tensor, y: torch.Tensor, hidden: Any, starts: torch.Tensor | None
+        self, x: torch.Tensor, y: torch.Tensor, hidden: Any, starts: torch.Tensor | None, keep_predictions: bool = False
     ) -> tuple[Any, Any, Any, int]:
         """Run the window on ``x``, ``y`` from ``hidden``, resetting the ``starts`` columns first.
 
         Returns:
-            The window's mean loss, the tensors of its returned hidden state and its predictions, all detached, and
-            its target count. A window without targets (padding only) adds no gradient, as an eager one runs no
-            backward pass.
+            The window's mean loss, the tensors of its returned hidden state and its predictions (``None`` unless
+            ``keep_predictions``: a replay's are copied out only where asked), all detached, and its target count.
+            A window without targets (padding only) adds no gradient, as an eager one runs no backward pass.
         """
         with torch.no_grad():  # the state arrives with the graph of an eager window
             self.x.copy_(x)
@@ -157,7 +159,8 @@ class WindowProgram:
         targets = self.targets if count is None else int(count)  # read once the window has run, as an eager one
         if targets:
             self.executor.add_window_gradients(window_grads)
-        return (*kept((mean, hidden_out, y_pred), fresh), targets)
+        mean, hidden_out = kept((mean, hidden_out), fresh)
+        return mean, hidden_out, kept(y_pred, fresh) if keep_predictions else None, targets
 
     def _body(self) -> tuple[Any, list[torch.Tensor], Any, tuple, Any]:
         window = self.executor.window_pass(self.x, self.y, self.tree, self.starts, self.targets, self.backward_mean)
@@ -305,18 +308,19 @@ class ProgramExecutor(SegmentExecutor):
                 key, WindowProgram(self, x, y, stream.hidden, resets is not None, plan.backward_mean)
             )
         self.let_state_graph_go()
-        mean, hidden_out, predictions, n = program(x, y, stream.hidden, resets)
+        mean, hidden_out, predictions, n = program(x, y, stream.hidden, resets, keep_predictions)
         stream.hidden, stream.position = hs.unflatten(stream.hidden, hidden_out), plan.end
         stream.window_loss.add(mean, n, True)
         return SegmentResult(mean, n, predictions if keep_predictions else None)
 
-    def run_sweep(self, plans: list[SegmentPlan], x: Any, y: Any, resets: dict[int, torch.Tensor], offset: int) -> bool:
+    def run_sweep(self, plans: list[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool) -> bool:
         """Run the open window, whose segments ``plans`` lists, as a sweep program (:mod:`.sweep_programs`).
 
         ``x``, ``y``: the batch, whose first step is the stream's step ``offset``; ``resets``: the starting columns
-        by step of the batch. The segments' results wait in :attr:`swept` for :meth:`run`, the stream's state is
-        the window's last, and the segments a later window reaches join the history as what recomputes them.
-        Returns whether it ran (not: the reach is not retained whole, or past the limit of programs).
+        by step of the batch; ``keep``: the walk hands the predictions on (``output_transform``). The
+        segments' results wait in :attr:`swept` for :meth:`run`, the stream's state is the window's last, and the
+        segments a later window reaches join the history as what recomputes them. Returns whether it ran (not: the
+        reach is not retained whole).
         """
         stream, steps = self.stream, self.model_call.layout.steps
         first, last = plans[0], plans[-1]
@@ -337,7 +341,7 @@ class ProgramExecutor(SegmentExecutor):
         stream.history.keep_only_replays(len(reach))
         starts = [resets.get(p.start - offset) for p in plans]
         values = self.reach_weights(stream.history.versions, reach, self._trained_index) if reach else []
-        results = program(reach, values, stream.hidden, xw, yw, starts)
+        results = program(reach, values, stream.hidden, xw, yw, starts, keep)
         history, state = stream.history, stream.hidden
         for plan, mask, after in zip(plans, starts, results.states):
             if plan.reached_later:  # it joins the history as what recomputes it
@@ -484,6 +488,8 @@ class ProgramExecutor(SegmentExecutor):
         ):
             self.clear()
             self.trained, self._pointers = trained, pointers
+            if self.graphs is not None and trained:
+                self.graphs.device = trained[0].device
             self._trained_index = [i for i, p in enumerate(params) if p.requires_grad]
 
     def add_window_gradients(self, window_grads: tuple) -> None:

@@ -25,7 +25,7 @@ from ignite_tbptt import (
 )
 from ignite_tbptt.runtime import batch_programs, model_call, sweep_programs, window_programs
 
-from .program_mode import assert_replayed, programs
+from .program_mode import assert_replayed, mode, programs
 
 pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
 
@@ -558,3 +558,34 @@ def test_shapes_past_the_limit_drop_the_least_recently_used_program_and_windows_
     assert counts.evictions > 0 and without_limit.evictions == 0
     assert counts.eager_windows == without_limit.eager_windows
     assert counts.eager_windows < 40 // 4  # the stream's first windows, and those the batches end inside
+
+
+@pytest.mark.parametrize("k2", [5, 10], ids=["window programs", "sweep programs"])
+def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k2):
+    # A graph's outputs are overwritten by its next replay, so what the host keeps is copied out; the predictions (a
+    # window's (T, B, vocabulary) logits) only where output_transform takes them.
+    copied = []
+
+    def spying(kept):
+        def spy(outputs, fresh):
+            if not fresh:
+                copied.extend(tuple(t.shape) for t in torch.utils._pytree.tree_leaves(outputs) if torch.is_tensor(t))
+            return kept(outputs, fresh)
+
+        return spy
+
+    for asked in (False, True):
+        copied.clear()
+        options = {"k2": k2, "carry_hidden": True}
+        if asked:
+            options["output_transform"] = lambda x, y, y_pred, loss: (y_pred, y)
+        with (
+            mock.patch.object(window_programs, "kept", spying(window_programs.kept)),
+            mock.patch.object(sweep_programs, "kept", spying(sweep_programs.kept)),
+        ):
+            train(True, batches(), **options)
+        predictions = [shape for shape in copied if shape[-1:] == (10,)]  # (5, 4, 10): the logits over 10 tokens
+        if mode() == "uncaptured":
+            assert not copied  # an uncaptured run's outputs are its own
+        else:
+            assert copied and bool(predictions) == asked

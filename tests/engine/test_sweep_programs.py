@@ -258,6 +258,27 @@ def test_a_model_drawing_random_numbers_is_refused_before_its_window_changes_any
     assert len(refused) == 1 and not refused[0].checked
 
 
+class StackedWithDropout(CharModel):
+    def __init__(self):
+        super().__init__()
+        self.rnn = nn.LSTM(6, 8, num_layers=2, dropout=0.25)
+
+
+def test_recurrent_dropout_between_layers_is_refused_by_name_where_forward_passes_run_again():
+    # cuDNN draws nn.LSTM's dropout between layers from a state of its own, which no generator check sees on CUDA:
+    # refused by the module, before the generators are compared (which on the CPU would refuse it too, unnamed).
+    torch.manual_seed(0)
+    model = StackedWithDropout().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.125)
+    trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, k2=10, cuda_graphs=programs(True))
+    with pytest.raises(ValueError, match=r"between their layers \('rnn'\) draw it from cuDNN's own random state"):
+        trainer.run(batches(), max_epochs=1)
+    assert trainer.state.optimizer_step == 2 and all(p.grad is None for p in model.parameters())
+    # Eager recomputation replays the generators, not cuDNN's state: refused on CUDA as the trainer is built.
+    with pytest.raises(ValueError, match=r"recompute runs forward passes again.*\('rnn'\).* or recompute=None"):
+        create_tbptt_trainer(model, optimizer, loss_fn, k1=5, recompute=5, device="cuda")
+
+
 @pytest.mark.parametrize(
     "k1, k2, recompute", [(5, 5, 2), (5, 10, 2), (5, 7, 3), (1, 8, 1)], ids=["(5, 5)", "(5, 10)", "(5, 7)", "(1, 8)"]
 )
