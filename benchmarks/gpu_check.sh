@@ -56,6 +56,7 @@ else
 fi
 STEP_LIMIT=${STEP_LIMIT:-240}
 TEST_LIMIT=${TEST_LIMIT:-420}  # the training tests took 3 min on one H100 in 8 workers; a test may take 240 s
+GRAPH_TEST_LIMIT=${GRAPH_TEST_LIMIT:-540}  # about 250 tests, each capturing its programs: 200 s one-threaded on a CPU
 FLA_LIMIT=${FLA_LIMIT:-480}  # not yet run on a GPU: Triton compiles and autotunes each fla kernel on first use
 FLA_EXAMPLE_LIMIT=${FLA_EXAMPLE_LIMIT:-420}  # four models of 30 s, their data, evaluation and fla's compiles
 PYTEST_EXTRA=()
@@ -90,6 +91,7 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
         mv "$OUT/steps.tsv.new" "$OUT/steps.tsv"
     fi
     [[ $name == tests ]] && limit=$TEST_LIMIT
+    [[ $name == graph-tests ]] && limit=$GRAPH_TEST_LIMIT
     [[ $name == fla-tests ]] && limit=$FLA_LIMIT
     [[ $name == fla-example ]] && limit=$FLA_EXAMPLE_LIMIT
     echo "== $name: $*"

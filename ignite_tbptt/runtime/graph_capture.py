@@ -51,6 +51,10 @@ class GraphCapture:
         #: The device the programs' parameters are on (set as they are read): warm-up, capture and replay run with
         #: it current, as a model on ``cuda:1`` needs, whatever device the process has current.
         self.device: torch.device | None = None
+        #: Capture with torch's liveness tracker (``torch.cuda.graph(check_input_liveness=True)``, torch >= 2.13):
+        #: a replay raises where an input the graph reads was freed since. For tests and debugging: it costs a
+        #: check per replay.
+        self.check_input_liveness = False
 
     def on_device(self) -> AbstractContextManager:
         """The programs' CUDA device made current, for a warm-up, a capture or a replay."""
@@ -84,7 +88,8 @@ class GraphCapture:
             # On the programs' device: capturing on another's stream would record none of their kernels.
             with self.on_device():
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._pool):
+                checked = {"check_input_liveness": True} if self.check_input_liveness else {}
+                with torch.cuda.graph(graph, pool=self._pool, **checked):
                     outputs = body()
         except GraphCaptureError:
             raise
