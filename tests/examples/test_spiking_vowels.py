@@ -14,7 +14,8 @@ pytestmark = pytest.mark.slow  # trains two small networks on the whole training
 def test_memory_names_the_speaker_better_than_the_memoryless_network_and_chance(device):
     result = spiking_vowels.main([])  # the defaults: about 20 s
     # Over seeds 0-4 and 1 and 2 threads the memory named 1.4-5.4 points more of the utterances right (5 to 20 of 370)
-    # and stayed above 95%: a margin of 0.5 points holds whatever the seed, the threads or the kernels round.
+    # and stayed above 95%, and another CPU's kernels gave 6.2 points with seed 0: the margins asserted here lie well
+    # below the smallest gap measured.
     assert result["memory_accuracy"] > 0.9 > 1 / 9
     assert result["memory_accuracy"] > result["no_memory_accuracy"] + 0.005
     assert result["memory_bits"] < result["chance_bits"] - 2
