@@ -287,12 +287,16 @@ class ReplayedCapture(GraphCapture):
     Args:
         warmup: eager runs of a program before it is captured, as on CUDA.
         names: called at each capture, the names of tensors the trainer knows (parameters, optimizer state), by
-            storage pointer, for the errors that name an input.
+            storage pointer, for the errors that name an input; :meth:`name` adds more.
     """
 
     def __init__(self, warmup: int = 3, names: Callable[[], dict[int, str]] | None = None) -> None:
         super().__init__(warmup)
-        self.names = names
+        self._namers = [names] if names is not None else []
+
+    def name(self, names: Callable[[], dict[int, str]]) -> None:
+        """Also name the tensors ``names()`` gives, by storage pointer, in the errors (the model's, the optimizer's)."""
+        self._namers.append(names)
 
     def on_side_stream(self, body: Callable[[], Any]) -> Any:
         """Run ``body`` eagerly: a warm-up run, on the one stream there is."""
@@ -304,7 +308,7 @@ class ReplayedCapture(GraphCapture):
         Raises:
             GraphCaptureError: if ``body`` reads a value back to the host or makes a shape from data.
         """
-        recording = _Recording(what, self.names() if self.names is not None else {})
+        recording = _Recording(what, {k: v for names in self._namers for k, v in names().items()})
         with recording:
             outputs = body()
         self.counts.captures += 1

@@ -154,6 +154,8 @@ class StepPrograms:
         #: How the programs ran (``engine.state.programs``), shared with the window programs.
         self.counts = capture.counts if capture is not None else ProgramCounts()
         self.programs = ProgramCache(limit, self.counts)
+        if hasattr(capture, "name"):  # a recording's errors name the optimizer's state
+            capture.name(self._state_by_name)
         self.device: torch.device | None = None
         self.divisor: torch.Tensor | None = None  # float64, the step's target count (or 1)
         self.found: torch.Tensor | None = None  # float32 inf/NaN decision, carried from step to step until read
@@ -194,6 +196,15 @@ class StepPrograms:
         a new state (new tensors, in a new dict), which a graph captured before would not update.
         """
         return tuple(p.data_ptr() for p in self.parameters()), id(self.optimizer.state)
+
+    def _state_by_name(self) -> dict[int, str]:
+        state = self.optimizer.state
+        return {
+            value.untyped_storage().data_ptr(): f"the optimizer's state {key!r} of parameter {i}"
+            for i, p in enumerate(self.parameters())
+            for key, value in state.get(p, {}).items()
+            if isinstance(value, torch.Tensor)
+        }
 
     def state_tensors(self) -> tuple:
         """Where the optimizer's state tensors are: a handler may give a parameter's state new ones.

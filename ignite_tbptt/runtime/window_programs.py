@@ -108,6 +108,11 @@ def build_executor(
     )
 
 
+def _storages_by_name(model: torch.nn.Module) -> dict[int, str]:
+    named = [*model.named_parameters(), *model.named_buffers()]
+    return {t.untyped_storage().data_ptr(): f"the model's {name}" for name, t in named}
+
+
 class WindowProgram:
     """One window shape: forward, loss and backward over static buffers, captured after ``warmup`` runs.
 
@@ -244,6 +249,8 @@ class ProgramExecutor(SegmentExecutor):
         self.capture = graphs is not None
         #: How the programs ran (``engine.state.programs``).
         self.counts = counts if counts is not None else graphs.counts if graphs is not None else ProgramCounts()
+        if isinstance(graphs, ReplayedCapture):  # its errors name the model's tensors
+            graphs.name(lambda: _storages_by_name(model_call.model))
         self.programs = ProgramCache(limit, self.counts)  # window and sweep programs
         self.batch_programs = ProgramCache(limit, self.counts)  # several windows per replay
         #: The mean losses and target counts of a batch program's windows, for the host's walk of the batch.

@@ -16,6 +16,7 @@ from ignite.handlers import LRScheduler, PiecewiseLinear, create_lr_scheduler_wi
 
 from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime import batch_programs, step_programs
+from ignite_tbptt.runtime.replayed_capture import GraphReplayError
 
 from .program_mode import assert_replayed, mode
 from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
@@ -462,6 +463,11 @@ def test_an_optimizer_state_reassigned_between_steps_gets_a_new_program(device):
 
     data = batches()
     eager, _, _ = train(False, data, fused_adam, [restart_moments])
+    if mode() == "replayed":  # without a new program, the replay names what it reads that was freed
+        with mock.patch.object(step_programs.StepProgram, "stale", lambda self: False):
+            message = r"the optimizer step reads the optimizer's state 'exp_avg' of parameter 0, a 10x6 float64"
+            with pytest.raises(GraphReplayError, match=message):
+                train(True, data, fused_adam, [restart_moments])
     model, _, steps = train(True, data, fused_adam, [restart_moments])
     assert_same(eager, model, device)
     # Captured, a new program after steps 15 and 30; uncaptured, the program reads the state as it is every step.
