@@ -20,8 +20,10 @@ import pytest
 __all__ = ["figures", "within", "BITS", "POINTS", "full_run"]
 
 TEXT = " ".join((Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8").split())
-BITS = 0.01  # bits per character or per frame beyond the measured spread
-POINTS = 1.0  # percentage points of utterances or digits named right beyond the measured spread
+# Beyond the spread measured on one machine, for another's kernels: the one other machine whose runs are known printed
+# the spiking example's 97.0% (0.8 points above the spread here) and the main job's 2.104 (0.003 bits below).
+BITS = 0.02  # bits per character or per frame beyond the measured spread
+POINTS = 2.0  # percentage points of utterances or digits named right beyond the measured spread
 
 full_run = pytest.mark.skipif(
     os.environ.get("README_FIGURES") != "1", reason="a run of minutes: set README_FIGURES=1 to compare it"
