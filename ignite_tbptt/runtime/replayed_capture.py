@@ -34,6 +34,7 @@ external inputs against internal outputs, by storage); ``torch/utils/_python_dis
 
 from __future__ import annotations
 
+import itertools
 import traceback
 import weakref
 from collections.abc import Callable
@@ -78,7 +79,6 @@ class _External:
     storage: weakref.ref
     pointer: int
     nbytes: int
-    device: torch.device
     what: str
     #: The tensors seen on the storage, by weak reference: one alive on other storage now was moved.
     tensors: list[weakref.ref]
@@ -113,15 +113,6 @@ class _Op:
     args: tuple
     kwargs: dict
     outputs: list  # per output: the tensor its result is written into, or None where it aliases an input
-
-
-class _Slot:
-    """An external input's place among an operator's arguments."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
 
 
 def _storage(t: torch.Tensor) -> Any:
@@ -190,7 +181,7 @@ class _Recording(TorchDispatchMode):
         if index is None:
             index = self._external_at[pointer] = len(self.externals)
             what = _describe(t, func, position, self.names)
-            self.externals.append(_External(weakref.ref(storage), pointer, storage.nbytes(), t.device, what, []))
+            self.externals.append(_External(weakref.ref(storage), pointer, storage.nbytes(), what, []))
         seen = self.externals[index].tensors
         if not any(r() is t for r in seen):
             seen.append(weakref.ref(t))
@@ -202,7 +193,7 @@ class _Recording(TorchDispatchMode):
         self._check(func, args, kwargs)
         constant = func.overloadpacket in _CONSTANTS
         inputs: set[int] = set()
-        position = iter(range(10**9))
+        position = itertools.count()
 
         def record(t: torch.Tensor) -> Any:
             inputs.add(_storage(t).data_ptr())

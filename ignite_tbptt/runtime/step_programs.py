@@ -54,6 +54,7 @@ from torch.utils import _pytree as pytree
 from .gradients import divide_and_check, skips_on_device
 from .graph_capture import GraphCapture, Program
 from .program_cache import ProgramCache, ProgramCounts
+from .replayed_capture import ReplayedCapture
 
 __all__ = ["StaticGradients", "StepHandler", "StepHandlers", "StepPrograms", "StepProgram"]
 
@@ -154,7 +155,7 @@ class StepPrograms:
         #: How the programs ran (``engine.state.programs``), shared with the window programs.
         self.counts = capture.counts if capture is not None else ProgramCounts()
         self.programs = ProgramCache(limit, self.counts)
-        if hasattr(capture, "name"):  # a recording's errors name the optimizer's state
+        if isinstance(capture, ReplayedCapture):  # its errors name the optimizer's state
             capture.name(self._state_by_name)
         self.device: torch.device | None = None
         self.divisor: torch.Tensor | None = None  # float64, the step's target count (or 1)
