@@ -75,8 +75,6 @@ def run_at_once(
 
     step.carry_decision()
     results = executor.run_batch_program(key, make, settings, x, y, resets, divisors)
-    if results is None:
-        return False
     decisions = results.decisions or [None] * len(divisors)
     step.replayed = deque(zip(decisions, results.handled))
     return True

@@ -91,8 +91,6 @@ class GraphCapture:
                 checked = {"check_input_liveness": True} if self.check_input_liveness else {}
                 with torch.cuda.graph(graph, pool=self._pool, **checked):
                     outputs = body()
-        except GraphCaptureError:
-            raise
         except RuntimeError as error:
             raise GraphCaptureError(
                 f"{what} could not be captured in a CUDA graph ({error}). A captured program may not read a value "

@@ -44,7 +44,7 @@ the compiled-optimizer tutorial (a tensor learning rate, changed by a scheduler 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -147,7 +147,7 @@ class StepPrograms:
     def __init__(
         self, optimizer: Any, scaler: torch.amp.GradScaler | None, capture: GraphCapture | None, limit: int = 8
     ) -> None:
-        self.optimizer, self.scaler, self.capture, self.limit = optimizer, scaler, capture, limit
+        self.optimizer, self.scaler, self.capture = optimizer, scaler, capture
         #: Whether the optimizer can step inside a program: it skips its step on the device given ``found_inf``,
         #: as ``GradScaler`` steps it too without a host read.
         self.supported = skips_on_device(optimizer)
@@ -198,13 +198,17 @@ class StepPrograms:
         """
         return tuple(p.data_ptr() for p in self.parameters()), id(self.optimizer.state)
 
-    def _state_by_name(self) -> dict[int, str]:
+    def _state(self) -> Iterator[tuple[int, str, torch.Tensor]]:
+        # The optimizer's state tensors: each parameter's place, the state's key, the tensor.
         state = self.optimizer.state
+        for i, p in enumerate(self.parameters()):
+            for key, value in state.get(p, {}).items():
+                if isinstance(value, torch.Tensor):
+                    yield i, key, value
+
+    def _state_by_name(self) -> dict[int, str]:
         return {
-            value.untyped_storage().data_ptr(): f"the optimizer's state {key!r} of parameter {i}"
-            for i, p in enumerate(self.parameters())
-            for key, value in state.get(p, {}).items()
-            if isinstance(value, torch.Tensor)
+            t.untyped_storage().data_ptr(): f"the optimizer's state {k!r} of parameter {i}" for i, k, t in self._state()
         }
 
     def state_tensors(self) -> tuple:
@@ -213,13 +217,7 @@ class StepPrograms:
         Moments restarted with ``torch.zeros_like`` rather than in place: a step captured before reads the old ones,
         freed (:meth:`StepProgram.stale`).
         """
-        state = self.optimizer.state
-        return tuple(
-            (i, key, value.data_ptr())
-            for i, p in enumerate(self.parameters())
-            for key, value in state.get(p, {}).items()
-            if isinstance(value, torch.Tensor)
-        )
+        return tuple((i, key, t.data_ptr()) for i, key, t in self._state())
 
     def ready(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None:
         """Make the buffers ready for a run: gradients in their static buffers, learning rates written.

@@ -99,8 +99,7 @@ def build_executor(
     if execution is Execution.EAGER:
         return SegmentExecutor(model_call, loss, stream, target_count_fn)
     if steps is None:
-        graphs = execution.graph_capture()
-        gradients, counts = None, graphs.counts if graphs is not None else None
+        graphs, gradients, counts = execution.graph_capture(), None, None
     else:
         graphs, gradients, counts = steps.capture, steps.gradients, steps.counts
     return ProgramExecutor(
@@ -242,11 +241,10 @@ class ProgramExecutor(SegmentExecutor):
         limit: int = 8,
     ) -> None:
         super().__init__(model_call, loss, stream, target_count_fn)
-        self.parameters, self.limit = parameters, limit
+        self.parameters = parameters
         self.gradients = gradients if gradients is not None else StaticGradients()
         #: What the programs' graphs share (``None`` uncaptured); the step programs use it too.
         self.graphs = graphs
-        self.capture = graphs is not None
         #: How the programs ran (``engine.state.programs``).
         self.counts = counts if counts is not None else graphs.counts if graphs is not None else ProgramCounts()
         if isinstance(graphs, ReplayedCapture):  # its errors name the model's tensors
@@ -410,7 +408,7 @@ class ProgramExecutor(SegmentExecutor):
     def state_after(self, state: Any) -> Any:
         """A program's window's returned state, detached, once its backward pass ran."""
         detached = hs.unflatten(state, [t.detach() for t in hs.flatten(state)])
-        if self.capture:  # a cache of the state would keep this run's graph, of its stream, into the next capture
+        if self.graphs is not None:  # a cache of the state would keep this run's graph, into the next capture
             repoint_caches(self.model_call.model, state, detached)
         return detached
 
@@ -436,11 +434,11 @@ class ProgramExecutor(SegmentExecutor):
         y: Any,
         resets: dict[int, torch.Tensor],
         divisors: list[int],
-    ) -> BatchResults | None:
+    ) -> BatchResults:
         """Run a batch's windows as the batch program of ``key`` (made by ``make`` the first time).
 
         The windows' results wait in :attr:`replayed` for the host's walk of the batch, which :meth:`run` answers
-        from, and the stream's state is the batch's last. ``None`` (nothing run) past the limit of programs.
+        from, and the stream's state is the batch's last.
         """
         self._check_parameters()
         program = self.batch_programs.get(key)
