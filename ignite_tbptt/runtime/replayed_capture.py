@@ -149,6 +149,7 @@ class _Recording(TorchDispatchMode):
         self.externals: list[_External] = []
         self._external_at: dict[int, int] = {}  # storage pointer -> index in externals
         self._internal: set[int] = set()  # storage pointers of the tensors recorded operators made
+        self._uses: dict[tuple, _Use] = {}  # each external input's view, by its storage and geometry
 
     def _refuse(self, func: Any, why: str) -> None:
         raise GraphCaptureError(
@@ -185,8 +186,13 @@ class _Recording(TorchDispatchMode):
         seen = self.externals[index].tensors
         if not any(r() is t for r in seen):
             seen.append(weakref.ref(t))
-        # Each use of the storage is its own view of it: its geometry is recorded with the use.
-        return _Use(index, t.dtype, t.device, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        # Each use of the storage is its own view of it: its geometry is recorded with the use, and a replay makes
+        # each view once however many operators read it.
+        key = (index, t.dtype, t.device, t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        use = self._uses.get(key)
+        if use is None:
+            use = self._uses[key] = _Use(len(self._uses), *key)
+        return use
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
@@ -216,9 +222,10 @@ class _Recording(TorchDispatchMode):
 
 @dataclass
 class _Use:
-    """One use of an external input: its storage seen with this geometry."""
+    """One view of an external input: its storage seen with this geometry."""
 
-    index: int
+    slot: int  # its place among the recording's views
+    index: int  # its storage's place among the externals
     dtype: torch.dtype
     device: torch.device
     offset: int
@@ -232,7 +239,56 @@ class _Use:
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
+    if isinstance(out, torch.Tensor):  # most operators: one tensor, no walk
+        return [out]
     return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+class _Call:
+    """A recorded operator made ready to replay: where in its arguments each view goes, found once.
+
+    Walking the arguments for views at every replay cost more than the operators of a small model did.
+    """
+
+    def __init__(self, op: _Op) -> None:
+        self.func = op.func
+        self.outputs = op.outputs if any(t is not None for t in op.outputs) else None
+        self.args, self.kwargs = list(op.args), dict(op.kwargs)
+        self.slots = [*self._slots(enumerate(op.args)), *self._slots(op.kwargs.items())]
+
+    @staticmethod
+    def _slots(items: Any) -> list[tuple[Any, Any]]:
+        # (place, view) for a view, (place, [(inner place, view)...]) for a list holding views: aten's arguments
+        # nest no deeper (cat's tensors, _foreach_'s lists, index's indices).
+        slots: list[tuple[Any, Any]] = []
+        for key, value in items:
+            if isinstance(value, _Use):
+                slots.append((key, value))
+            elif isinstance(value, (list, tuple)):
+                inner = [(j, v) for j, v in enumerate(value) if isinstance(v, _Use)]
+                if any(isinstance(v, (list, tuple, dict)) for v in value):
+                    raise NotImplementedError("an operator's arguments nested deeper than a list of tensors")
+                if inner:
+                    slots.append((key, inner))
+        return slots
+
+    def run(self, views: list[torch.Tensor]) -> None:
+        # Fresh lists each run: views left in the recorded ones would keep the external inputs alive.
+        args, kwargs = self.args.copy(), self.kwargs.copy() if self.kwargs else self.kwargs
+        for key, use in self.slots:
+            where = args if isinstance(key, int) else kwargs
+            if isinstance(use, _Use):
+                where[key] = views[use.slot]
+            else:
+                items = list(where[key])
+                for j, inner in use:
+                    items[j] = views[inner.slot]
+                where[key] = items
+        out = self.func(*args, **kwargs)
+        if self.outputs is not None:
+            for recorded, fresh in zip(self.outputs, _tensors(out)):
+                if recorded is not None:
+                    recorded.copy_(fresh)
 
 
 class RecordedGraph:
@@ -244,8 +300,9 @@ class RecordedGraph:
         what: the program, for errors.
     """
 
-    def __init__(self, ops: list[_Op], externals: list[_External], what: str) -> None:
-        self.ops, self.externals, self.what = ops, externals, what
+    def __init__(self, ops: list[_Op], externals: list[_External], uses: list[_Use], what: str) -> None:
+        self.ops, self.externals, self.uses, self.what = ops, externals, uses, what
+        self._calls = [_Call(op) for op in ops]
         self._captured_run = True  # the capture ran the program: the first replay has nothing left to do
 
     def replay(self) -> None:
@@ -259,17 +316,10 @@ class RecordedGraph:
             self._captured_run = False
             return
 
-        def resolve(use: _Use) -> torch.Tensor:
-            return use.tensor(storages)
-
         with torch._C._AutoDispatchBelowADInplaceOrView(), torch.no_grad():
-            for op in self.ops:
-                args = pytree.tree_map_only(_Use, resolve, op.args)
-                kwargs = pytree.tree_map_only(_Use, resolve, op.kwargs)
-                out = op.func(*args, **kwargs)
-                for recorded, fresh in zip(op.outputs, _tensors(out)):
-                    if recorded is not None:
-                        recorded.copy_(fresh)
+            views = [use.tensor(storages) for use in self.uses]
+            for call in self._calls:
+                call.run(views)
 
 
 class ReplayedCapture(GraphCapture):
@@ -303,4 +353,4 @@ class ReplayedCapture(GraphCapture):
         with recording:
             outputs = body()
         self.counts.captures += 1
-        return RecordedGraph(recording.ops, recording.externals, what), outputs
+        return RecordedGraph(recording.ops, recording.externals, list(recording._uses.values()), what), outputs
