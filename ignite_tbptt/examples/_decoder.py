@@ -16,6 +16,8 @@ from torch import nn
 
 from ignite_tbptt import create_tbptt_trainer
 
+from .curves import log_figures, log_training
+
 __all__ = ["Decoder", "decode", "delayed_copy", "peak_memory_mib", "run"]
 
 
@@ -106,8 +108,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         output_transform=accuracy,
         device=device,
     )
+    log_training(trainer, args, f"tbptt-1-{args.k2}")
     state = trainer.run(batches, max_epochs=1)
     result = {**state.output, "peak_memory_mib": peak_memory_mib(), "windows": state.window}
+    log_figures(args, f"tbptt-1-{args.k2}", {"last_batch_accuracy": result["accuracy"]})
     print(
         f"{args.length} tokens generated per stream, TBPTT(k1=1, k2={args.k2}): last batch accuracy "
         f"{result['accuracy']:.3f}, loss {result['loss']:.3f}; "

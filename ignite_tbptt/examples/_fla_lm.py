@@ -26,6 +26,7 @@ from ignite_tbptt.models import fla_model_fn, fla_reset_hidden, mamba2_model_fn,
 
 from . import _mamba_lm
 from ._char_lm import LN2, CharLSTM, cross_entropy
+from .curves import log_figures, log_training
 from .options import torch_threads
 
 __all__ = ["ARCHITECTURES", "Contender", "build_model", "contenders", "train", "evaluate", "run"]
@@ -132,12 +133,13 @@ class Trained:
     train_bpc: float
 
 
-def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batches: Any) -> Trained:
+def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batches: Any, name: str = "fla") -> Trained:
     """Train for ``--steps`` optimizer steps, or until ``--seconds`` of training have passed, whichever comes first.
 
     The clock starts once the first batch has run (the device's queue waited for), so that the compiles and
     autotuning of fla's Triton kernels, once per kernel and shape, do not count; it stops with the queue waited for
-    again. The characters are the targets of the batches trained on within that time, padding left out.
+    again. The characters are the targets of the batches trained on within that time, padding left out. With
+    ``--logdir``, the curves go to the directory ``name`` under it.
     """
     torch.manual_seed(args.seed)
     model = contender.build(vocab_size).to(args.device)
@@ -155,6 +157,7 @@ def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batch
     )
     if args.clip > 0:
         GradientClipping(model, max_norm=args.clip).attach(trainer)
+    log_training(trainer, args, name)
     windows_per_batch = args.seq_len // args.k1
     iterations = math.ceil(args.steps / windows_per_batch)
     characters, start = 0, 0.0
@@ -229,6 +232,7 @@ def train_and_evaluate(args: argparse.Namespace) -> dict:
     trained = train(contender, args, len(vocab), train_batches)
     carried = evaluate(contender, trained.model, valid, args)
     chunked = evaluate(contender, trained.model, valid, args, reset_every=args.k1)
+    log_figures(args, "fla", {"valid_bpc": carried, "valid_bpc_chunks": chunked})
     print(
         f"after {trained.steps} optimizer steps ({trained.seconds:.0f} s, {trained.characters / trained.seconds:,.0f} "
         f"characters/s): validation {carried:.3f} bits/char with the state carried, {chunked:.3f} with it reset every "
@@ -263,7 +267,7 @@ def compare(args: argparse.Namespace) -> dict:
     rows = {}
     for key, contender in contenders(args).items():
         print(f"{contender.name}:", flush=True)
-        trained = train(contender, args, len(vocab), train_batches)
+        trained = train(contender, args, len(vocab), train_batches, key)
         rows[key] = {
             "name": contender.name,
             "parameters": sum(p.numel() for p in trained.model.parameters()),
@@ -272,6 +276,7 @@ def compare(args: argparse.Namespace) -> dict:
             "characters_per_second": trained.characters / trained.seconds,
             "valid_bpc": evaluate(contender, trained.model, valid, args, args.k1 if contender.chunks else None),
         }
+        log_figures(args, key, {"valid_bpc": rows[key]["valid_bpc"]})
     print("\n| model | parameters | optimizer steps | seconds | characters/s | validation bits/char, read as trained |")
     print("|---|---|---|---|---|---|")
     for row in rows.values():

@@ -25,6 +25,7 @@ from ignite_tbptt.data import pack_sequences, prepare_batch
 from ignite_tbptt.models import check_mamba2_schedule, mamba2_model_fn, mamba2_reset_hidden
 
 from ._char_lm import LN2, Vocabulary, cross_entropy, split_documents, stdlib_documents
+from .curves import log_figures, log_training
 from .options import torch_threads
 
 __all__ = ["build_model", "batch_major", "load_data", "train", "evaluate", "run"]
@@ -88,6 +89,11 @@ def load_data(args: argparse.Namespace) -> tuple[Vocabulary, Any, Any, float, in
     return vocab, train, valid, vocab.unigram_bpc(predicted), len(predicted)
 
 
+def run_name(args: argparse.Namespace) -> str:
+    """The run's log directory under ``--logdir``: ``carried``, or ``reset-every-window``."""
+    return "reset-every-window" if args.reset_every_window else "carried"
+
+
 def train(args: argparse.Namespace, vocab_size: int, batches: Any) -> tuple[torch.nn.Module, float, float]:
     """The model trained for ``--steps`` optimizer steps; returns it, the seconds it took and the last training bpc."""
     torch.manual_seed(args.seed)
@@ -109,6 +115,7 @@ def train(args: argparse.Namespace, vocab_size: int, batches: Any) -> tuple[torc
     )
     if args.clip > 0:
         GradientClipping(model, max_norm=args.clip).attach(trainer)
+    log_training(trainer, args, run_name(args))
     iterations = math.ceil(args.steps * args.k1 / args.seq_len)  # every batch holds seq_len / k1 windows
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
 
@@ -160,6 +167,7 @@ def train_and_evaluate(args: argparse.Namespace) -> dict:
     model, seconds, train_bpc = train(args, len(vocab), train_batches)
     carried = evaluate(model, valid, args)
     chunked = evaluate(model, valid, args, reset_every=args.k1)
+    log_figures(args, run_name(args), {"valid_bpc": carried, "valid_bpc_chunks": chunked})
     print(
         f"after {args.steps} optimizer steps ({seconds:.0f} s): validation {carried:.3f} bits/char with the state "
         f"carried, {chunked:.3f} with it reset every {args.k1} characters",

@@ -18,6 +18,7 @@ from torch import nn
 from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
 
 from ._char_lm import batch_major, cross_entropy, held_out_corpus
+from .curves import log_figures, log_training
 
 __all__ = [
     "LearnedMemory",
@@ -97,6 +98,11 @@ VARIANTS = {
 }
 
 
+def run_name(args: argparse.Namespace, segments: int, memory: bool) -> str:
+    """The variant's log directory under ``--logdir``: ``tbptt-32-96``, ``tbptt-32-32``, ``tbptt-32-32-no-memory``."""
+    return f"tbptt-{args.segment}-{segments * args.segment}{'' if memory else '-no-memory'}"
+
+
 def train(args: argparse.Namespace, vocab: int, tokens: torch.Tensor, segments: int, memory: bool) -> tuple:
     """A model trained for ``args.steps`` optimizer steps with k2 = ``segments`` segments; model and seconds."""
     torch.manual_seed(args.seed)
@@ -113,6 +119,7 @@ def train(args: argparse.Namespace, vocab: int, tokens: torch.Tensor, segments: 
         device=args.device,
         **({} if memory else {"model_fn": without_memory}),
     )
+    log_training(trainer, args, run_name(args, segments, memory))
     batches = batch_major(tokens, args.batch_size, args.seq_len)
     iterations = math.ceil(args.steps * args.segment / args.seq_len)
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
@@ -149,5 +156,6 @@ def run(args: argparse.Namespace) -> dict:
         model, seconds = train(args, len(vocab), train_tokens, segments, memory)
         bpc = validation_bpc(model, valid_tokens, args, memory)
         result[name] = {"k1": args.segment, "k2": segments * args.segment, "valid_bpc": bpc, "seconds": seconds}
+        log_figures(args, run_name(args, segments, memory), {"valid_bpc": bpc})
         print(f"{name}: validation {bpc:.3f} bits/char after {args.steps} optimizer steps, {seconds:.0f} s", flush=True)
     return result

@@ -20,6 +20,8 @@ from ignite_tbptt import BitsPerTarget, count_targets, create_tbptt_evaluator, c
 from ignite_tbptt.data import pack_recordings
 from ignite_tbptt.data import prepare_batch as default_prepare_batch
 
+from .curves import log_figures, log_training
+
 __all__ = [
     "SPEAKERS",
     "read_ts",
@@ -126,6 +128,7 @@ def train_on(model: nn.Module, args: argparse.Namespace, utterances: list, memor
         **options,
     )
     trainer.add_event_handler(Events.EPOCH_STARTED, lambda engine: batches.set_epoch(engine.state.epoch))
+    log_training(trainer, args, "memory" if memory else "no_memory")
     trainer.run(batches, max_epochs=args.epochs)
     return model
 
@@ -173,6 +176,7 @@ def compare(
         bits = evaluator.run(pack_recordings(test_set, args.batch_size, args.seq_len)).metrics["bits"]
         right = accuracy(model, test_set, memory)
         result[f"{name}_bits"], result[f"{name}_accuracy"] = bits, right
+        log_figures(args, name, {"bits_per_frame": bits, "last_frame_accuracy": right})
         print(
             f"{name.replace('_', ' ')}: test {bits:.3f} bits per frame, speaker right at the last frame of "
             f"{right:.1%} of the utterances (chance: {math.log2(SPEAKERS):.2f} bits, {1 / SPEAKERS:.0%})",

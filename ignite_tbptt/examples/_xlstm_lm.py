@@ -18,6 +18,7 @@ from xlstm.xlstm_large.model import soft_cap, xLSTMLarge, xLSTMLargeConfig
 from ignite_tbptt import BitsPerTarget, create_tbptt_evaluator, create_tbptt_trainer
 
 from ._char_lm import batch_major, cross_entropy, held_out_corpus
+from .curves import log_figures, log_training
 
 __all__ = ["build_model", "xlstm_model_fn", "train", "validation_bpc", "show_error", "run"]
 
@@ -68,6 +69,7 @@ def train(args: argparse.Namespace, vocab: int, train_tokens: torch.Tensor, k2: 
         model_fn=xlstm_model_fn,
         device=args.device,
     )
+    log_training(trainer, args, f"tbptt-{args.k1}-{k2}")
     batches = batch_major(train_tokens, args.batch_size, args.seq_len)
     iterations = math.ceil(args.steps * args.k1 / args.seq_len)  # every batch holds seq_len / k1 windows
     trainer.add_event_handler(Events.ITERATION_COMPLETED(once=iterations), lambda engine: engine.terminate())
@@ -128,6 +130,7 @@ def run(args: argparse.Namespace) -> dict:
         model, seconds = train(args, len(vocab), train_tokens, k2)
         bpc = validation_bpc(model, valid_tokens, args)
         result[name] = {"k1": args.k1, "k2": k2, "valid_bpc": bpc, "seconds": seconds}
+        log_figures(args, f"tbptt-{args.k1}-{k2}", {"valid_bpc": bpc})
         print(
             f"TBPTT({args.k1}, {k2}): validation {bpc:.3f} bits/char after {args.steps} optimizer steps, "
             f"{seconds:.0f} s (unigram {result['unigram_bpc']:.2f})",

@@ -32,6 +32,7 @@ import argparse
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
+from .curves import add_logdir_option
 from .options import (
     add_cuda_graphs_option,
     add_device_option,
@@ -110,6 +111,7 @@ def parser() -> argparse.ArgumentParser:
     add_threads_option(p)
     p.add_argument("--quick", action="store_true", help="a few seconds' run: 120 steps, 250,000 characters")
     add_device_option(p)
+    add_logdir_option(p)
     add_cuda_graphs_option(p)
     return p
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from .curves import add_logdir_option
 from .options import (
     add_device_option,
     add_threads_option,
@@ -82,6 +83,7 @@ def parser() -> argparse.ArgumentParser:
     add_threads_option(p)
     p.add_argument("--quick", action="store_true", help="a few seconds' run: 60 steps, 250,000 characters")
     add_device_option(p)
+    add_logdir_option(p)
     return p
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from .curves import add_logdir_option
 from .options import (
     add_device_option,
     example_parser,
@@ -66,6 +67,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=positive_int, default=400_000, help="characters of the corpus used")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights")
     add_device_option(p)
+    add_logdir_option(p)
     return p
 
 

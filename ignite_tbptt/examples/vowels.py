@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from .curves import add_logdir_option
 from .options import (
     add_device_option,
     example_parser,
@@ -74,6 +75,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=positive_float, default=3e-3, help="Adam learning rate")
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the shuffling")
     add_device_option(p)
+    add_logdir_option(p)
     return p
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from .curves import add_logdir_option
 from .options import (
     add_device_option,
     example_parser,
@@ -62,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the initial weights")
     p.add_argument("--show-error", action="store_true", help="print what xLSTMLarge's own forward meets, and stop")
     add_device_option(p)
+    add_logdir_option(p)
     return p
 
 
