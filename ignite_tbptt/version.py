@@ -1,3 +1,3 @@
 """The package version, recorded in every checkpoint a trainer writes."""
 
-__version__ = "0.4.0.dev0"
+__version__ = "0.4.0"

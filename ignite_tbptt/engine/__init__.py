@@ -16,11 +16,12 @@ from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
 from .full_state_dict import FullStateDict
 from .process import TBPTTStep
-from .trainer import create_tbptt_trainer, tbptt_training_step
+from .trainer import TrainingOptions, create_tbptt_trainer, tbptt_training_step
 
 __all__ = [
     "create_tbptt_trainer",
     "tbptt_training_step",
+    "TrainingOptions",
     "TBPTTStep",
     "TBPTTEngine",
     "DeterministicTBPTTEngine",

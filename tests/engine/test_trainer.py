@@ -369,3 +369,19 @@ def test_a_windows_last_segment_pays_its_loss_in_the_sweeps_first_backward_call(
     trainer.run(make_batches([12 * k1]))
     per_window_calls = [b - a for a, b in zip(ends, ends[1:])]
     assert len(per_window_calls) == 12 and set(per_window_calls[2:-1]) == {per_window}
+
+
+def test_the_factory_and_the_training_step_share_their_options_and_refuse_unknown_ones():
+    from typing import get_type_hints
+
+    from ignite_tbptt import tbptt_training_step
+    from ignite_tbptt.engine import TrainingOptions
+    from ignite_tbptt.engine.trainer import _DEFAULTS
+
+    assert set(_DEFAULTS) == set(get_type_hints(TrainingOptions))  # every option has its one default
+    model = Net().double()
+    for factory in (create_tbptt_trainer, tbptt_training_step):
+        with pytest.raises(TypeError, match=rf"{factory.__name__}\(\) got an unexpected keyword argument 'tbtt_step'"):
+            factory(model, sgd(model), cross_entropy, 3, tbtt_step=5)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'deterministic'"):
+        tbptt_training_step(model, sgd(model), cross_entropy, 3, deterministic=True)  # the engine's, not the step's

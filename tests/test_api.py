@@ -1,0 +1,86 @@
+"""The public API against its recorded snapshot, tests/api_snapshot.txt.
+
+The snapshot lists ``__all__`` of the package and of each subpackage, and the signature of every public callable
+(a class's is its constructor's). Regenerate it with ``python -m tests.test_api --write`` only for a change made on
+purpose, and record that change in CHANGELOG.md (its header states the deprecation policy).
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import importlib
+import inspect
+import re
+import sys
+from pathlib import Path
+
+SNAPSHOT = Path(__file__).parent / "api_snapshot.txt"
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a default's repr: <function default_model_fn at 0x7f...>
+PACKAGES = [
+    "ignite_tbptt",
+    "ignite_tbptt.data",
+    "ignite_tbptt.engine",
+    "ignite_tbptt.handlers",
+    "ignite_tbptt.models",
+    "ignite_tbptt.planning",
+    "ignite_tbptt.runtime",
+]
+
+
+def _signature(obj: object) -> str:
+    if inspect.isclass(obj):
+        if issubclass(obj, dict) and hasattr(obj, "__annotations__") and hasattr(obj, "__total__"):  # a TypedDict
+            keys = ", ".join(f"{k}: {getattr(v, '__forward_arg__', v)}" for k, v in obj.__annotations__.items())
+            return f"TypedDict(total={obj.__total__}) {{{keys}}}"
+        if issubclass(obj, enum.Enum):  # its members, not EnumType.__call__'s signature (which differs by Python)
+            return f"enum {[member.name for member in obj]}"
+        kind = "class"
+    elif callable(obj):
+        kind = "def"
+    else:
+        return f"= {type(obj).__name__}"
+    try:
+        signature = str(inspect.signature(obj))
+    except (TypeError, ValueError):  # an enum or a builtin without one
+        signature = "(...)"
+    return f"{kind}{_ADDRESS.sub('', signature)}"
+
+
+def api_lines() -> list[str]:
+    """One line per public name of each package: ``package.name kind(signature)``, in ``__all__``'s order."""
+    lines = []
+    for package in PACKAGES:
+        module = importlib.import_module(package)
+        names = list(module.__all__)
+        lines.append(f"{package}.__all__ = {sorted(names)}")
+        for name in names:
+            lines.append(f"{package}.{name} {_signature(getattr(module, name))}")
+    return lines
+
+
+def test_the_public_api_is_the_recorded_one():
+    recorded = SNAPSHOT.read_text(encoding="utf-8").splitlines()
+    current = api_lines()
+    diff = "\n".join(difflib.unified_diff(recorded, current, "tests/api_snapshot.txt", "the package now", lineterm=""))
+    assert current == recorded, (
+        "The public API changed. If the change is deliberate, regenerate the snapshot with "
+        "`python -m tests.test_api --write` and record the change in CHANGELOG.md (Added, Changed, Deprecated or "
+        "Removed; a removal or incompatible change is deprecated first, as CHANGELOG.md's header says). "
+        f"Otherwise undo it.\n{diff}"
+    )
+
+
+def test_each_subpackage_lists_only_names_it_has():
+    for package in PACKAGES:
+        module = importlib.import_module(package)
+        assert len(set(module.__all__)) == len(module.__all__), package
+        missing = [name for name in module.__all__ if not hasattr(module, name)]
+        assert not missing, f"{package}.__all__ names {missing}, which it does not define"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        raise SystemExit("usage: python -m tests.test_api --write  (rewrites tests/api_snapshot.txt)")
+    SNAPSHOT.write_text("\n".join(api_lines()) + "\n", encoding="utf-8")
+    print(f"wrote {SNAPSHOT}")
