@@ -10,7 +10,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from ignite_tbptt.examples import char_lm
 
-from .readme import BITS, figures, full_run, within
+from .documented import BITS, figures, full_run, within
 
 pytestmark = pytest.mark.slow  # trains the main job's model in subprocesses
 
@@ -335,7 +335,7 @@ def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path
 
 
 @full_run
-@pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_main_job_prints_figures_within_the_spread_the_readme_gives(tmp_path):
+@pytest.mark.cpu_only("the documented figures are CPU runs")
+def test_the_main_job_prints_figures_within_the_spread_its_page_gives(tmp_path):
     history = char_lm.main(["--no-progress", "--checkpoint-every", "0", "--logdir", str(tmp_path)])  # about a minute
     assert all(within(v, s, BITS) for v, s in zip(history["valid_bpc"], figures("char_lm"), strict=True)), history

@@ -6,7 +6,7 @@ import pytest
 
 from ignite_tbptt.examples import decoder
 
-from .readme import POINTS, figures, within
+from .documented import POINTS, figures, within
 
 pytestmark = pytest.mark.slow  # measures peak memory in subprocesses
 
@@ -36,8 +36,8 @@ def test_memory_stays_flat_as_the_generated_sequence_grows():
     assert long - short < 30, (short, long)
 
 
-@pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_example_prints_figures_within_the_spread_the_readme_gives():
+@pytest.mark.cpu_only("the documented figures are CPU runs")
+def test_the_example_prints_figures_within_the_spread_its_page_gives():
     within_reach, short = figures("decoder")  # TBPTT(1, 8), then --k2 3: at chance (1/6), the last batch's share
     assert within(decoder.main([])["accuracy"], within_reach, POINTS / 100), within_reach
     assert within(decoder.main(["--k2", "3"])["accuracy"], short, POINTS / 100), short

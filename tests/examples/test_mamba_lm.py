@@ -6,7 +6,7 @@ pytest.importorskip("transformers")
 
 from ignite_tbptt.examples import mamba_lm  # noqa: E402  (after the skip: the example needs transformers)
 
-from .readme import BITS, figures, full_run, within  # noqa: E402
+from .documented import BITS, figures, full_run, within  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -21,8 +21,8 @@ def test_both_ways_of_training_learn_the_main_corpus_in_quick_mode(mode):
 
 
 @full_run
-@pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_example_prints_figures_within_the_spread_the_readme_gives():
+@pytest.mark.cpu_only("the documented figures are CPU runs")
+def test_the_example_prints_figures_within_the_spread_its_page_gives():
     carried, chunked = mamba_lm.main([]), mamba_lm.main(["--reset-every-window"])  # about a minute each
     printed = [carried["valid_bpc"], carried["valid_bpc_chunks"], chunked["valid_bpc"], chunked["valid_bpc_chunks"]]
     assert all(within(v, s, BITS) for v, s in zip(printed, figures("mamba_lm"), strict=True)), printed

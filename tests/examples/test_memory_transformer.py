@@ -8,7 +8,7 @@ import torch
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.examples import memory_transformer as mt
 
-from .readme import BITS, figures, full_run, within
+from .documented import BITS, figures, full_run, within
 
 pytestmark = pytest.mark.slow
 
@@ -59,10 +59,10 @@ def test_the_three_variants_learn_the_main_corpus():
 
 
 @full_run
-@pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_example_prints_figures_within_the_spread_the_readme_gives():
+@pytest.mark.cpu_only("the documented figures are CPU runs")
+def test_the_example_prints_figures_within_the_spread_its_page_gives():
     result = mt.main([])  # the defaults: about 10 minutes
-    printed = [result[name]["valid_bpc"] for name in result if name != "unigram_bpc"]  # in the README's order
+    printed = [result[name]["valid_bpc"] for name in result if name != "unigram_bpc"]  # in the page's order
     # Torch's threads round the attention's sums otherwise, which moves these figures by some hundredths of a bit: the
-    # README's spreads are over seeds and thread counts.
+    # page's spreads are over seeds and thread counts.
     assert all(within(v, s, BITS) for v, s in zip(printed, figures("memory_transformer"), strict=True)), printed

@@ -13,7 +13,7 @@ import pytest
 from ignite_tbptt.examples import options
 from ignite_tbptt.examples.options import HelpFormatter, busy_cores_note
 
-from .readme import PATTERNS, figures
+from .documented import PATTERNS, figures, page_text
 
 EXAMPLES = ["char_lm", "vowels", "spiking_vowels", "decoder", "xlstm_lm", "memory_transformer", "mamba_lm", "fla_lm"]
 PACKAGE = Path(__file__).parents[2] / "ignite_tbptt"
@@ -197,6 +197,13 @@ def test_a_command_tells_the_user_once_where_other_processes_keep_the_cores_busy
     assert busy_cores_note("pass --threads 1", threads=2) is None  # the load of a job that has just ended
 
 
-def test_the_readme_gives_every_examples_figures_where_their_tests_look_for_them():
+def test_each_example_page_gives_the_figures_its_test_looks_for_as_measured_on_the_spread_page():
+    measured = (PACKAGE.parent / "docs" / "benchmarks-examples.md").read_text(encoding="utf-8")
     for example, pattern in PATTERNS.items():
         assert len(figures(example)) == re.compile(pattern).groups > 0
+        # The spreads the page gives are those benchmarks.spread measured: the spread row of the example's section.
+        section = measured.split(f"\n## {example}\n", 1)[1].split("\n## ", 1)[0]
+        row = next(line for line in section.splitlines() if line.startswith("| spread |"))
+        cells = {cell.strip() for cell in row.split("|")}
+        given = re.search(pattern, page_text(example)).groups()
+        assert set(given) <= cells, (example, set(given) - cells)

@@ -6,7 +6,7 @@ import torch
 from ignite_tbptt import create_tbptt_trainer
 from ignite_tbptt.examples import spiking_vowels, vowels
 
-from .readme import BITS, POINTS, figures, within
+from .documented import BITS, POINTS, figures, within
 
 pytestmark = pytest.mark.slow  # trains two small networks on the whole training set
 
@@ -19,7 +19,7 @@ def test_memory_names_the_speaker_better_than_the_memoryless_network_and_chance(
     assert result["memory_accuracy"] > 0.9 > 1 / 9
     assert result["memory_accuracy"] > result["no_memory_accuracy"] + 0.005
     assert result["memory_bits"] < result["chance_bits"] - 2
-    if device.type == "cpu":  # the README's spreads are of CPU runs; an H100's kernels gave 93.2% with seed 0
+    if device.type == "cpu":  # the documented spreads are of CPU runs; an H100's kernels gave 93.2% with seed 0
         printed = [100 * result["memory_accuracy"], result["memory_bits"]]
         printed += [100 * result["no_memory_accuracy"], result["no_memory_bits"]]
         margins = [POINTS, BITS, POINTS, BITS]

@@ -7,7 +7,7 @@ import torch
 
 from ignite_tbptt.examples import vowels
 
-from .readme import BITS, POINTS, figures, within
+from .documented import BITS, POINTS, figures, within
 
 pytestmark = pytest.mark.slow  # trains two small models on the whole training set
 
@@ -30,8 +30,8 @@ def test_the_model_names_the_speaker_far_better_than_chance():
     # points, and fell 1.1 points behind with seed 3 (docs/benchmarks-examples.md).
 
 
-@pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_example_prints_figures_within_the_spread_the_readme_gives():
+@pytest.mark.cpu_only("the documented figures are CPU runs")
+def test_the_example_prints_figures_within_the_spread_its_page_gives():
     result = vowels.main([])  # the defaults: about 25 s
     printed = [result["memory_bits"], 100 * result["memory_accuracy"]]
     printed += [result["no_memory_bits"], 100 * result["no_memory_accuracy"]]

@@ -5,7 +5,7 @@ import torch
 
 from ignite_tbptt.examples import xlstm_lm
 
-from .readme import BITS, figures, full_run, within
+from .documented import BITS, figures, full_run, within
 
 pytestmark = pytest.mark.slow
 
@@ -45,8 +45,8 @@ def test_both_truncations_learn_the_main_corpus():
 
 
 @full_run
-@pytest.mark.cpu_only("the README's figures are CPU runs")
-def test_the_example_prints_figures_within_the_spread_the_readme_gives():
+@pytest.mark.cpu_only("the documented figures are CPU runs")
+def test_the_example_prints_figures_within_the_spread_its_page_gives():
     result = xlstm_lm.main([])  # the defaults: a few minutes
     printed = [result["k2>k1"]["valid_bpc"], result["k2=k1"]["valid_bpc"]]
     assert all(within(v, s, BITS) for v, s in zip(printed, figures("xlstm_lm"), strict=True)), printed

@@ -1,14 +1,15 @@
-"""The figures README.md gives for the examples, parsed from its text, for the tests that hold it to a fresh run.
+"""The figures each example's page gives (docs/examples/NAME.md), parsed from its text, for the tests that hold it
+to a fresh run.
 
 A trained figure moves with the seed and with the machine's arithmetic (torch's thread count, another CPU's kernels),
-so the README gives each as the spread ``benchmarks.spread`` measured over seeds and thread counts
-(docs/benchmarks-examples.md), ``lo-hi``, or one value where every run printed it. Each example's test runs it as the
-README describes (its defaults, on the CPU) and checks with :func:`within` that what it prints lies in that spread,
+so each page gives it as the spread ``benchmarks.spread`` measured over seeds and thread counts
+(docs/benchmarks-examples.md), ``lo-hi``, or one value where every run printed it. Each example's test runs it as its
+page describes (its defaults, on the CPU) and checks with :func:`within` that what it prints lies in that spread,
 widened by the margins below for a machine whose kernels round otherwise. A change to the package that moves a figure
-out of its spread fails the test until the page is measured again and the README gives the new spread.
+out of its spread fails the test until the page is measured again and gives the new spread.
 
-The runs that take minutes (the main job, xLSTM, the memory transformer, Mamba2) run where ``README_FIGURES=1`` is set;
-the others run with the slow tests.
+The runs that take minutes (the main job, xLSTM, the memory transformer, Mamba2) run where ``EXAMPLE_FIGURES=1`` is
+set; the others run with the slow tests.
 """
 
 import os
@@ -17,16 +18,16 @@ from pathlib import Path
 
 import pytest
 
-__all__ = ["figures", "within", "BITS", "POINTS", "full_run"]
+__all__ = ["figures", "page_text", "within", "BITS", "POINTS", "full_run", "PATTERNS"]
 
-TEXT = " ".join((Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8").split())
+PAGES = Path(__file__).parents[2] / "docs" / "examples"
 # Beyond the spread measured on one machine, for another's kernels: the one other machine whose runs are known printed
 # the spiking example's 97.0% (0.8 points above the spread here) and the main job's 2.104 (0.003 bits below).
 BITS = 0.02  # bits per character or per frame beyond the measured spread
 POINTS = 2.0  # percentage points of utterances or digits named right beyond the measured spread
 
 full_run = pytest.mark.skipif(
-    os.environ.get("README_FIGURES") != "1", reason="a run of minutes: set README_FIGURES=1 to compare it"
+    os.environ.get("EXAMPLE_FIGURES") != "1", reason="a run of minutes: set EXAMPLE_FIGURES=1 to compare it"
 )
 
 R = r"([\d.]+(?:-[\d.]+)?)"  # a spread, "2.10-2.11", or one value where every run printed it
@@ -48,6 +49,11 @@ PATTERNS = {
 }
 
 
+def page_text(example: str) -> str:
+    """The text of ``example``'s page, its runs of white space as one space each."""
+    return " ".join((PAGES / f"{example}.md").read_text(encoding="utf-8").split())
+
+
 def spread(text: str) -> tuple[float, float]:
     """``"2.10-2.11"`` as ``(2.10, 2.11)``, ``"2.10"`` as ``(2.10, 2.10)``."""
     lo, _, hi = text.partition("-")
@@ -55,9 +61,9 @@ def spread(text: str) -> tuple[float, float]:
 
 
 def figures(example: str) -> list[tuple[float, float]]:
-    """The spreads README.md gives for ``example``, ``(lo, hi)`` in its pattern's order (percentages as written)."""
-    match = re.search(PATTERNS[example], TEXT)
-    assert match, f"README.md no longer says {PATTERNS[example]!r}"
+    """The spreads ``example``'s page gives, ``(lo, hi)`` in its pattern's order (percentages as written)."""
+    match = re.search(PATTERNS[example], page_text(example))
+    assert match, f"docs/examples/{example}.md no longer says {PATTERNS[example]!r}"
     return [spread(v) for v in match.groups()]
 
 
