@@ -11,7 +11,8 @@ are built with ``init_hidden=True``, so they keep their membranes in their own a
 starts, and cuts its gradient at each window's cut, as for a returned state. Gradients pass the spikes through
 snnTorch's surrogate (arctangent). It prints the test bits per frame and the share of utterances whose speaker is
 named right at their last frame, against the same network trained without memory (its membranes reset at every
-frame) and chance; the README compares them with the GRU of ``examples.vowels``.
+frame) and chance; its page in the docs (docs/examples/spiking_vowels.md) compares them with the GRU of
+``examples.vowels``.
 
 Run::
 
