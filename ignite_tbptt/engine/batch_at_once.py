@@ -2,44 +2,44 @@
 
 :func:`run_at_once` checks what :mod:`ignite_tbptt.runtime.batch_programs` lists, plans the batch's windows with a
 copy of the stream's planner (the trainer's own decisions, made again on the side), runs them and their optimizer
-steps as one program, and leaves each window's and each step's results with the executor and the optimizer step.
-:meth:`StreamLoop.run_batch <ignite_tbptt.engine.stream_loop.StreamLoop.run_batch>` then walks the batch as it
-walks any other, and they answer from those results: the stream's position, the windows' losses and counts, the
-counters, the events and the decisions are the host's as after windows run one by one.
+steps as one program, and returns the program's results. :meth:`StreamLoop.run_batch
+<ignite_tbptt.engine.stream_loop.StreamLoop.run_batch>` then walks those windows from the results: the stream's
+position, the windows' losses and counts, the counters, the events and the decisions are the host's as after
+windows run one by one.
 """
 
 from __future__ import annotations
 
 import copy
-from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from ..planning import BatchPlan
-from ..runtime import BatchProgram, BatchWindow, profiling
-
-if TYPE_CHECKING:
-    from .stream_loop import StreamLoop
+from ..runtime import BatchProgram, BatchResults, BatchWindow, profiling
+from .loop_protocols import LoopView
 
 __all__ = ["run_at_once"]
 
 
 def run_at_once(
-    loop: StreamLoop,
+    loop: LoopView,
     batch: BatchPlan,
     x: Any,
     y: Any,
     resets: dict[int, torch.Tensor],
     keep_predictions: bool,
     one_window_per_step: bool,
+    out: Any,
 ) -> bool:
     """Run the batch's windows from the stream's position on, and their optimizer steps, as one batch program.
 
-    Called at a window boundary, once the executor may run programs (a stream's first windows run eagerly).
+    Called at a window boundary, once the executor may run programs (a stream's first windows run eagerly). The
+    loop then walks the windows it ran from its results, as if each had run alone (into ``out``, the batch's
+    :class:`~ignite_tbptt.engine.stream_loop.BatchResult`).
 
     Returns:
-        Whether they ran: the executor and the optimizer step then hold their results for the walk of the batch.
+        Whether they ran; where not, nothing changed.
     """
     executor, step = loop.executor, loop.optimizer_step
     programs = step.programs
@@ -74,14 +74,43 @@ def run_at_once(
         return BatchProgram(executor, programs, handlers.on_device, windows, x, y, loop.stream.hidden, settings)
 
     step.carry_decision()
-    results = executor.run_batch_program(key, make, settings, x, y, resets, divisors)
-    decisions = results.decisions or [None] * len(divisors)
-    step.replayed = deque(zip(decisions, results.handled))
+    program, results = executor.run_batch_program(key, make, settings, x, y, resets, divisors)
+    _walk(loop, batch, program, results, one_window_per_step, out)
     return True
 
 
+def _walk(
+    loop: LoopView,
+    batch: BatchPlan,
+    program: BatchProgram,
+    results: BatchResults,
+    one_window_per_step: bool,
+    out: Any,
+) -> None:
+    # The windows the program ran, walked as the host would have run them, from its results: the stream's position,
+    # the windows' losses and counts, the counters, the events and the steps' decisions.
+    planner, executor = loop.planner, loop.executor
+    taken = iter(zip(results.decisions or [None] * len(results.handled), results.handled))
+    finished = False
+    try:
+        for window, mean, n in zip(program.windows, results.means, results.counts):
+            loop.open_window()
+            step = loop.stream.position
+            plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
+            assert plan.end - batch.start == window.end, "the batch program's windows are the walk's"
+            result = executor.take_batch_window(plan, mean, n)
+            if window is program.windows[-1]:  # the .grad it left, before a window after it adds to them
+                finished = True
+                executor.finish_batch_program(program)
+            step_taken = next(taken) if window.step is not None else None
+            loop.segment_done(batch, plan, result, out, taken=step_taken)
+    finally:
+        if not finished:  # the walk was interrupted: the .grad the program left all the same
+            executor.finish_batch_program(program)
+
+
 def _windows(
-    loop: StreamLoop,
+    loop: LoopView,
     batch: BatchPlan,
     y: Any,
     resets: dict[int, torch.Tensor],

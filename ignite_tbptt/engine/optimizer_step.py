@@ -25,7 +25,6 @@ kept on the device on the CPU too.
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 import torch
@@ -61,12 +60,10 @@ class OptimizerStep:
         #: The step programs, with window programs (``None`` without): steps they can run, they run.
         self.programs = programs
         self._program: tuple[StepProgram, tuple[int, int, int, int, int]] | None = None  # the prepared step's
-        #: Each step a batch program took (:mod:`ignite_tbptt.runtime.batch_programs`): its decision (``None``
-        #: with a scaler) and its handlers' outputs, for the host's walk of the batch.
-        self.replayed: deque[tuple[torch.Tensor | None, list]] | None = None
         #: Whether a step was taken (the optimizer's state exists), in this trainer's life.
         self.stepped = False
-        self._replayed_step: tuple[tuple[int, int, int, int, int], StepHandlers] | None = None
+        # The prepared step, which a batch program took: its position, handlers, decision and handlers' outputs.
+        self._taken: tuple[tuple[int, int, int, int, int], StepHandlers, Any] | None = None
         self.accumulated = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
         self.backward_mean = False  # their one window backpropagated its mean loss: the gradients are divided
@@ -97,7 +94,7 @@ class OptimizerStep:
         self.accumulated = self.targets = 0
         self.backward_mean = False
         self._due = None
-        self._program = self._replayed_step = None
+        self._program = self._taken = None
 
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients (``zero_grad()``, to ``None``)."""
@@ -128,7 +125,9 @@ class OptimizerStep:
         device = params[0].device if params else torch.device("cpu")
         return distributed.synchronise(position, targets, device)
 
-    def prepare(self, position: tuple[int, int, int, int, int], handlers: StepHandlers | None = None) -> int:
+    def prepare(
+        self, position: tuple[int, int, int, int, int], handlers: StepHandlers | None = None, taken: Any = None
+    ) -> int:
         """Make the accumulated gradients final: summed over processes, unscaled, divided and checked.
 
         Args:
@@ -138,6 +137,8 @@ class OptimizerStep:
             handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, where the step may run as a step program (window
                 programs, no retained segment); ``None`` for an eager step. :attr:`in_program` says whether it does:
                 then the handlers ``on_device`` run inside :meth:`apply`, and the others must run before it.
+            taken: a batch program took the step (:mod:`ignite_tbptt.runtime.batch_programs`): its decision
+                (``None`` with a scaler) and its handlers' outputs, which :meth:`apply` hands on.
 
         Returns:
             The step's target count over all processes; 0 if it has none (only padding), and then the step must
@@ -155,13 +156,11 @@ class OptimizerStep:
             targets = self.synchronise((distributed.STEP, *position), targets)
             if targets:
                 distributed.all_reduce_gradients(self.parameters())
-        if not targets:
-            if self.replayed and handlers is not None:  # a batch program skipped it on the device
-                self.replayed.popleft()
+        if not targets:  # a batch program that took it skipped it on the device
             return 0
         divisor = 1 if backward_mean else targets
-        if self.replayed and handlers is not None:  # a batch program took it already
-            self._replayed_step = position, handlers
+        if taken is not None and handlers is not None:  # a batch program took it already
+            self._taken = position, handlers, taken
             return targets
         if handlers is not None and self._in_program(divisor, handlers, position):
             return targets
@@ -218,7 +217,7 @@ class OptimizerStep:
     @property
     def in_program(self) -> bool:
         """Whether the prepared step runs as a step program (or a batch program took it)."""
-        return self._program is not None or self._replayed_step is not None
+        return self._program is not None or self._taken is not None
 
     def _finite_on(self, grad: torch.Tensor) -> torch.Tensor:
         # The decision to check into when it is read at once: kept while it reads 0.0, so a step allocates nothing.
@@ -234,9 +233,8 @@ class OptimizerStep:
             Whether the ``GradScaler`` found inf/NaN and skipped the step (always False without a scaler).
         """
         self.stepped = True
-        if self._replayed_step is not None:
-            (position, handlers), self._replayed_step = self._replayed_step, None
-            decision, outputs = self.replayed.popleft()
+        if self._taken is not None:
+            (position, handlers, (decision, outputs)), self._taken = self._taken, None
             if decision is not None:
                 self._found_inf.append((decision, position))
             for handler, output in zip(handlers.on_device, outputs):

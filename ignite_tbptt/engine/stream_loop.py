@@ -10,20 +10,20 @@ a step's boundary is reported to a :class:`LoopListener` (the process function's
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import torch
 
 from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
-from ..planning import BatchPlan, StreamPlanner, WindowSource, plan_batch
+from ..planning import BatchPlan, SegmentPlan, StreamPlanner, WindowSource, plan_batch
 from ..runtime import (
     Execution,
     LossRule,
     LossSum,
     ModelCall,
     RetainedHistory,
-    StepHandlers,
+    SegmentResult,
     StreamState,
     SwappedWeights,
     build_executor,
@@ -34,23 +34,11 @@ from ..runtime import (
 )
 from . import distributed
 from .batch_at_once import run_at_once
+from .loop_protocols import CompletedWindow, LoopListener
 from .optimizer_step import OptimizerStep
 from .window_at_once import run_window
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
-
-
-class CompletedWindow(NamedTuple):
-    """A window whose backward pass (and optimizer step, if one was due) is done."""
-
-    #: First step of the window.
-    start: int
-    #: End (exclusive) of the window.
-    end: int
-    #: Its cut: the first step its backward pass reached.
-    cut: int
-    #: Its loss over its segments, with their target count.
-    loss: LossSum
 
 
 class BatchResult(NamedTuple):
@@ -62,41 +50,19 @@ class BatchResult(NamedTuple):
     predictions: list[Any]
 
 
-class LoopListener(Protocol):
-    """What the loop reports for each window, in order: started, targets, closed, step started, step done, completed."""
-
-    def window_started(self) -> int:
-        """A window opens; returns its number in the run (from 1)."""
-
-    def window_closed(self, reach: dict[int, float] | None) -> None:
-        """A window's backward pass is done, with its gradient reach if recorded; its optimizer step comes next."""
-
-    def targets_processed(self, targets: int) -> None:
-        """A segment's ``targets`` entered the loss."""
-
-    def position(self) -> tuple[int, int, int, int, int]:
-        """Where the run is: ``(epoch_length or -1, epoch, iteration, window, optimizer step about to be taken)``."""
-
-    def step_handlers(self) -> StepHandlers:
-        """The handlers of the step's start, as a step program sees them: the last ones may run inside it."""
-
-    def quiet_step_handlers(self) -> StepHandlers | None:
-        """The step's handlers, if no handler listens to a window's or a step's events on the host; else ``None``.
-
-        Then a batch's windows may run as one program (:mod:`ignite_tbptt.runtime.batch_programs`).
-        """
-
-    def step_started(self, targets: int, in_program: int = 0) -> None:
-        """The gradients of an optimizer step over ``targets`` targets are final; the step comes next.
-
-        The last ``in_program`` handlers of the step's start run inside the step program, not here.
-        """
-
-    def step_completed(self) -> None:
-        """The optimizer stepped (or the scaler skipped the step)."""
-
-    def window_completed(self, window: CompletedWindow) -> None:
-        """A window's backward pass and its optimizer step, if one was due, are done."""
+def _check_sharded_takes(source: WindowSource, programs: bool) -> None:
+    # What a model sharded by FSDP2 cannot run, refused as a run starts.
+    if not source.standalone:
+        raise ValueError(
+            f"{type(source).__name__} with a model sharded by FSDP2: each process would choose its own windows from "
+            "its own measurements, and their backward passes (each with FSDP2's collectives) would differ. "
+            "Use fixed windows (k1, k2), or windows of the same seed on every process (RandomWindows, ARTBP)."
+        )
+    if programs:
+        raise ValueError(
+            "cuda_graphs with a model sharded by FSDP2: its gathers and reduce-scatters run in every model "
+            "call and are not captured. Pass cuda_graphs=False."
+        )
 
 
 def _check_programs_take(source: WindowSource, call: ModelCall, parameters: list[torch.Tensor]) -> None:
@@ -152,17 +118,9 @@ class StreamLoop:
         self.planner = StreamPlanner(source, recompute)
         history = RetainedHistory(model_call, optimizer_step.parameters, None, recompute is not None)
         self.stream = StreamState(history)
-        loss = LossRule(loss_fn, model_call, optimizer_step.scaler)
-        programs = optimizer_step.programs
-        self.executor = build_executor(
-            execution,
-            model_call,
-            loss,
-            self.stream,
-            target_count_fn,
-            optimizer_step.parameters,
-            programs,
-        )
+        loss, parameters = LossRule(loss_fn, model_call, optimizer_step.scaler), optimizer_step.parameters
+        args = (model_call, loss, self.stream, target_count_fn, parameters, optimizer_step.programs)
+        self.executor = build_executor(execution, *args)
         self.use_source(source)
         #: The model has parameters sharded by FSDP2 and runs in a distributed group (:meth:`start_run`).
         self.sharded = False
@@ -181,18 +139,8 @@ class StreamLoop:
             ValueError: for a sharded model, if the window source learns from the run (each process would choose its
                 own windows), or windows run as programs (FSDP2's collectives are not captured).
         """
-        if sharded and not self.source.standalone:
-            raise ValueError(
-                f"{type(self.source).__name__} with a model sharded by FSDP2: each process would choose its own "
-                "windows from its own measurements, and their backward passes (each with FSDP2's collectives) would "
-                "differ. "
-                "Use fixed windows (k1, k2), or windows of the same seed on every process (RandomWindows, ARTBP)."
-            )
-        if sharded and self.executor.runs_programs:
-            raise ValueError(
-                "cuda_graphs with a model sharded by FSDP2: its gathers and reduce-scatters run in every model "
-                "call and are not captured. Pass cuda_graphs=False."
-            )
+        if sharded:
+            _check_sharded_takes(self.source, self.executor.runs_programs)
         self.sharded = self.executor.backward_without_targets = sharded
         self.failed = None
         self.optimizer_step.forget_failure()
@@ -292,14 +240,9 @@ class StreamLoop:
         if not self.carry_hidden:
             self.reset_stream()
         batch = plan_batch(self.stream.position, length, ends_stream, resets)
-        total, predictions = LossSum(), []
-        try:
-            self._walk(batch, x, y, resets, keep_predictions, total, predictions)
-        finally:
-            if self.executor.runs_programs:  # the walk answered from a batch or sweep program's results, if one ran
-                self.executor.end_batch()
-                self.optimizer_step.replayed = None
-        return BatchResult(total, predictions)
+        out = BatchResult(LossSum(), [])
+        self._walk(batch, x, y, resets, keep_predictions, out)
+        return out
 
     def _walk(
         self,
@@ -308,44 +251,72 @@ class StreamLoop:
         y: Any,
         resets: dict[int, torch.Tensor],
         keep_predictions: bool,
-        total: LossSum,
-        predictions: list,
+        out: BatchResult,
     ) -> None:
         stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
         offset, one_window_per_step = batch.start, self.optimizer_step.one_window_per_step
-        pending = self.executor.runs_programs  # the rest of the batch may run as one program, once programs may run
+        # Whether the rest of the batch may still run as one program (once programs may run); None: no programs.
+        pending = True if self.executor.runs_programs else None
         while stream.position < batch.end and self.failed is None:
             if planner.window is None:
                 if pending and self.executor.ready():
                     pending = False
-                    run_at_once(self, batch, x, y, resets, keep_predictions, one_window_per_step)
-                self._open_window()
-                if self.executor.runs_programs:
-                    run_window(self, batch, x, y, resets, one_window_per_step, keep_predictions)
+                    if run_at_once(self, batch, x, y, resets, keep_predictions, one_window_per_step, out):
+                        continue  # it walked the windows it ran
+                self.open_window()
+                if pending is not None and run_window(
+                    self, batch, x, y, resets, one_window_per_step, keep_predictions, out
+                ):
+                    continue  # it walked the window it ran
             step = stream.position
             plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
             start, end = plan.start - offset, plan.end - offset
             result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
-            total.add(result.loss, result.targets, plan.whole_window)
-            self.optimizer_step.accumulate(result.targets, plan.backward_mean)
-            self.listener.targets_processed(result.targets)
-            predictions.append(result.predictions)
-            if plan.closes_window:
-                self.close_window(plan.end, stream_continues=batch.stream_continues(plan.end))
+            self.segment_done(batch, plan, result, out)
+
+    def segment_done(
+        self,
+        batch: BatchPlan,
+        plan: SegmentPlan,
+        result: SegmentResult,
+        out: BatchResult,
+        swept: bool = False,
+        taken: Any = None,
+    ) -> None:
+        """A segment ran (eagerly, or in a sweep or batch program): its loss counted, its window closed if it ends.
+
+        ``swept`` and ``taken`` as :meth:`close_window` takes them; ``out``: the batch's loss and predictions so far.
+        """
+        out.loss.add(result.loss, result.targets, plan.whole_window)
+        self.optimizer_step.accumulate(result.targets, plan.backward_mean)
+        self.listener.targets_processed(result.targets)
+        out.predictions.append(result.predictions)
+        if plan.closes_window:
+            self.close_window(plan.end, batch.stream_continues(plan.end), swept, taken)
 
     # -- window and step boundaries ----------------------------------------------------------------------------
-    def _open_window(self) -> None:
+    def open_window(self) -> None:
+        """A window opens at the stream's position: the model in training mode, the step's first clears ``.grad``."""
         if not self.model.training:  # a handler evaluated the model since the last window
             self.model.train()
         self.optimizer_step.window_started()
         self.stream.open_window()
         self.planner.open_window(self.stream.position, self.listener.window_started())
 
-    def close_window(self, end: int, stream_continues: bool) -> None:
-        """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due."""
+    def close_window(self, end: int, stream_continues: bool, swept: bool = False, taken: Any = None) -> None:
+        """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due.
+
+        ``swept``: a sweep program ran the window and its backward pass; only what no later window reaches is
+        dropped. ``taken``: a batch program took the step the window completes, with this decision and these
+        handlers' outputs.
+        """
         stream = self.stream
         plan = self.planner.close(end, stream_continues, stream.history.starts())
-        reach = self.executor.close_window(plan)
+        if swept:
+            self.executor.close_swept(plan)
+            reach = None
+        else:
+            reach = self.executor.close_window(plan)
         self.planner.closed(plan)  # after the sweep: a checkpoint taken where it failed keeps the window open
         if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
             self.attributes_checked = True
@@ -357,11 +328,13 @@ class StreamLoop:
             profile = reach_profile(reach, end, targets, optimizer_step.backward_mean, optimizer_step.scaler)
         self.listener.window_closed(profile)
         if self.optimizer_step.window_completed():
-            self.take_step()
+            self.take_step(taken)
         self.listener.window_completed(CompletedWindow(plan.start, end, plan.cut, stream.window_loss))
 
-    def take_step(self) -> None:
+    def take_step(self, taken: Any = None) -> None:
         """Take the optimizer step over the accumulated windows; a refused one is kept in :attr:`failed`.
+
+        ``taken``: a batch program took it already, with this decision and these handlers' outputs.
 
         Raises:
             ProcessesDisagree: in a distributed run whose processes are at different steps.
@@ -372,20 +345,20 @@ class StreamLoop:
         try:
             if profiling():
                 with profiled("tbptt.optimizer_step"):
-                    self._step()
+                    self._step(taken)
             else:
-                self._step()
+                self._step(taken)
         except FloatingPointError as error:
             # No window runs after this one; the iteration ends with a NaN output, and the error is raised
             # when anything would run next, unless a handler (TerminateOnNan) ends the run first.
             history.clear()
             self.failed = error
 
-    def _step(self) -> None:
+    def _step(self, taken: Any) -> None:
         step, listener = self.optimizer_step, self.listener
         # Retained segments need nothing of the step: their weights were copied before it (take_step).
         handlers = listener.step_handlers() if step.programs is not None else None
-        targets = step.prepare(listener.position(), handlers)
+        targets = step.prepare(listener.position(), handlers, taken)
         if not targets:
             return
         listener.step_started(targets, len(handlers.on_device) if step.in_program else 0)

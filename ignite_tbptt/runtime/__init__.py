@@ -36,7 +36,7 @@ from .step_programs import StaticGradients, StepHandler, StepHandlers, StepProgr
 from .stream import StreamState
 from .sweep_programs import SwappedWeights, SweepProgram
 from .weight_versions import ParameterVersions, WeightVersion
-from .window_programs import Execution, ProgramExecutor, WindowProgram, build_executor
+from .window_programs import Execution, ProgramExecutor, build_executor
 
 __all__ = [
     "SegmentExecutor",
@@ -68,7 +68,6 @@ __all__ = [
     "Execution",
     "build_executor",
     "ProgramExecutor",
-    "WindowProgram",
     "SweepProgram",
     "SwappedWeights",
     "GraphCaptureError",

@@ -74,8 +74,9 @@ class BatchResults(NamedTuple):
     decisions: list[torch.Tensor]
     #: Each step's outputs of the handlers that ran inside it, in their order.
     handled: list[list[Any]]
-    #: Each window's target count from ``target_count_fn``, a 0-dim int64 tensor; empty without it.
-    counts: list[torch.Tensor]
+    #: Each window's target count from ``target_count_fn``, a 0-dim int64 tensor; empty without it. The executor
+    #: hands the walk each window's count read as an int (:meth:`ProgramExecutor.run_batch_program`).
+    counts: list[Any]
 
 
 class BatchProgram:

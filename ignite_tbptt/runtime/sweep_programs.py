@@ -1,10 +1,11 @@
-"""Sweep programs: a window of several model calls, or one that reaches back (k2 > k1), and its sweep as one program.
+"""Sweep programs: a window, its model calls, its reach back (k2 > k1) and its backward sweep, as one program.
 
-A window program (:mod:`~ignite_tbptt.runtime.window_programs`) is one model call paid at once. The other windows
-the eager trainer runs as segments and a backward sweep (:mod:`~ignite_tbptt.runtime.backward_sweep`): a window that
-a sequence start splits (the reset falls between two model calls), one split where a later window's cut falls
-(k2 > k1 where ``k2 - k1`` is not a multiple of ``k1``), and every window of k2 > k1, whose sweep reaches ``k2 - k1``
-steps before its start, into segments earlier windows ran with the weights of earlier optimizer steps. A
+A window program (:mod:`~ignite_tbptt.runtime.window_programs`), one model call paid at once, is the simplest: a
+sweep program of one call that reaches nothing. The other windows the eager trainer runs as segments and a backward
+sweep (:mod:`~ignite_tbptt.runtime.backward_sweep`): a window that a sequence start splits (the reset falls between
+two model calls), one split where a later window's cut falls (k2 > k1 where ``k2 - k1`` is not a multiple of
+``k1``), and every window of k2 > k1, whose sweep reaches ``k2 - k1`` steps before its start, into segments earlier
+windows ran with the weights of earlier optimizer steps. A
 :class:`SweepProgram` runs such a window whole: its model calls at their fixed places in the window (each resetting
 the columns that start a sequence at its first step, as a mask), their losses, and one backward pass to the cut.
 
@@ -45,7 +46,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -53,13 +54,21 @@ from torch.utils.checkpoint import checkpoint
 from . import hidden as hs
 from . import rng
 from .backward_sweep import Replay, Segment
-from .graph_capture import Program, kept
+from .graph_capture import GraphCapture, Program, kept
+from .model_call import ModelCall
 from .weight_versions import ParameterVersions, WeightVersion
 
-if TYPE_CHECKING:
-    from .window_programs import ProgramExecutor
-
-__all__ = ["SweepProgram", "SweepResults", "Call", "ReachWeights", "SwappedWeights", "reach_of", "rnn_weights_kept"]
+__all__ = [
+    "SweepProgram",
+    "SweepResults",
+    "Call",
+    "CallPass",
+    "WindowCalls",
+    "ReachWeights",
+    "SwappedWeights",
+    "reach_of",
+    "rnn_weights_kept",
+]
 
 _RANDOM = (
     "cuda_graphs runs forward passes again inside a window's program (the retained segments a window reaches with "
@@ -204,6 +213,46 @@ def _no_flattening() -> None:
     return None
 
 
+class CallPass(NamedTuple):
+    """One model call of a window inside a program, with its loss (:meth:`WindowCalls.window_call`)."""
+
+    #: Its mean loss, with its graph.
+    mean: Any
+    #: Its predictions, with their graph.
+    predictions: Any
+    #: The hidden state it returned, with its graph.
+    state: Any
+    #: Where its backward pass starts: its loss, as backpropagated and scaled.
+    root: Any
+    #: ``target_count_fn``'s count, a 0-dim int64 tensor on the device; ``None`` without it.
+    count: Any
+
+
+class WindowCalls(Protocol):
+    """What a sweep program runs its window's calls with: the program executor's model call, parameters and capture.
+
+    :class:`~ignite_tbptt.runtime.window_programs.ProgramExecutor` is the one; the protocol keeps this module below it.
+    """
+
+    #: Runs the model on a call's steps.
+    model_call: ModelCall
+    #: The parameters that require grad, in the optimizer's order: what the backward pass differentiates.
+    trained: list[torch.Tensor]
+    #: What captures the programs after their warm-up (``None``: run every time).
+    graphs: GraphCapture | None
+
+    def window_call(
+        self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
+    ) -> CallPass:
+        """One model call of a window, and its loss as the eager executor computes it."""
+
+    def state_after(self, state: Any) -> Any:
+        """A window's returned state, detached, once its backward pass ran."""
+
+    def add_window_gradients(self, window_grads: Sequence[Any]) -> None:
+        """Add a window's gradients into the parameters' ``.grad`` as autograd's backward pass would."""
+
+
 class Call(NamedTuple):
     """One model call of a window: its steps, counted from the window's start, and whether it resets columns."""
 
@@ -238,7 +287,7 @@ class SweepProgram:
     """One shape of a window and of its reach: its retained segments' forward passes, then the window's calls.
 
     Args:
-        executor: the :class:`~ignite_tbptt.runtime.window_programs.ProgramExecutor` it belongs to.
+        executor: what runs its window's calls (the program executor it belongs to).
         reach: the retained segments from the window's cut to its start, oldest first (their :class:`Replay`).
         state: the window's input hidden state (the cut's where the reach is empty).
         x, y: the window's input and targets, ``(T, B, *)`` along the time dimension, which give the buffers' shapes.
@@ -250,7 +299,7 @@ class SweepProgram:
 
     def __init__(
         self,
-        executor: ProgramExecutor,
+        executor: WindowCalls,
         reach: Sequence[Replay],
         state: Any,
         x: torch.Tensor,

@@ -5,19 +5,19 @@ launches of a few microseconds each. A CUDA graph records them once and replays 
 replay is a window whose whole course is fixed before it runs: a window that opens and closes in one model call,
 whose loss is backpropagated at once and of which nothing is retained (its plan says
 :attr:`~ignite_tbptt.planning.SegmentPlan.replayable`; at k1 = k2, every window of a stream but the first), with the
-hidden-state reset of columns that start a sequence at its first step as a mask. Each shape of such a window is a
-:class:`WindowProgram`: its input, targets, hidden state and reset mask are copied into static buffers, the
-model, the loss (with ``target_count_fn``'s count, on the device) and the backward pass run on them, and the
-window's gradients (the program's outputs) are added into the parameters' static ``.grad`` buffers after each run
-as autograd's backward pass would add them, once its target count is read (none without targets).
-:class:`ProgramExecutor` runs the plans: replayable ones as window programs; a window of several model calls, or one
-that reaches back (k2 > k1), whole as a sweep program (:mod:`~ignite_tbptt.runtime.sweep_programs`), planned as it
-opens, its segments' results then handed to the host's walk of the window; every other window (the first windows of
-a stream, windows the batch ends inside, windows of a new shape past the bound) as the eager
+hidden-state reset of columns that start a sequence at its first step as a mask. Such a window is a sweep program
+of one call that reaches nothing (:mod:`~ignite_tbptt.runtime.sweep_programs`): its input, targets, hidden state
+and reset mask are copied into static buffers, the model, the loss (with ``target_count_fn``'s count, on the device)
+and the backward pass run on them, and the window's gradients (the program's outputs) are added into the
+parameters' static ``.grad`` buffers after each run as autograd's backward pass would add them, once its target
+count is read (none without targets). :class:`ProgramExecutor` runs the plans: replayable ones so; a window of
+several model calls, or one that reaches back (k2 > k1), whole as a sweep program of its calls and reach, planned as
+it opens (:func:`~ignite_tbptt.engine.window_at_once.run_window`), which returns its segments' results to the
+stream loop; every other window (the first windows of a stream, windows the batch ends inside) as the eager
 :class:`~ignite_tbptt.runtime.SegmentExecutor` does. The optimizer step that follows a window is a step program
 where it can be (:mod:`~ignite_tbptt.runtime.step_programs`), else eager; where no handler needs the host between
 windows, the rest of a batch runs as one batch program (:mod:`~ignite_tbptt.runtime.batch_programs`), whose results
-:meth:`ProgramExecutor.run` hands to the host's walk of the batch.
+the stream loop walks window by window.
 
 Captured (``capture=True``, ``cuda_graphs=True`` on CUDA), a program runs eagerly ``warmup`` times on a side
 stream, is captured once, and is replayed after. Uncaptured (``cuda_graphs="uncaptured"``, on any device), a
@@ -32,7 +32,6 @@ a memory pool shared by graphs that do not run concurrently).
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -44,7 +43,7 @@ from . import rng
 from .backward_sweep import Replay, Segment
 from .batch_programs import BatchProgram, BatchResults
 from .executor import SegmentExecutor, SegmentResult
-from .graph_capture import GraphCapture, Program, kept
+from .graph_capture import GraphCapture
 from .loss_rule import LossRule
 from .model_call import ModelCall
 from .module_state import repoint_caches
@@ -53,9 +52,9 @@ from .program_cache import ProgramCache, ProgramCounts
 from .replayed_capture import ReplayedCapture
 from .step_programs import StaticGradients, StepPrograms, same_settings
 from .stream import StreamState
-from .sweep_programs import Call, ReachWeights, SweepProgram, reach_of
+from .sweep_programs import Call, CallPass, ReachWeights, SweepProgram, reach_of
 
-__all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram"]
+__all__ = ["Execution", "build_executor", "ProgramExecutor"]
 
 Resets = dict[int, torch.Tensor]  # the columns that start a sequence, by step of the batch
 
@@ -110,80 +109,6 @@ def build_executor(
 def _storages_by_name(model: torch.nn.Module) -> dict[int, str]:
     named = [*model.named_parameters(), *model.named_buffers()]
     return {t.untyped_storage().data_ptr(): f"the model's {name}" for name, t in named}
-
-
-class WindowProgram:
-    """One window shape: forward, loss and backward over static buffers, captured after ``warmup`` runs.
-
-    Args:
-        executor: the :class:`ProgramExecutor` it belongs to (model call, loss rule, parameters and pool).
-        x, y, hidden: the first window's input, targets and input hidden state, which give the buffers' shapes.
-        resets: whether the window resets columns at its first step (a ``(B,)`` bool mask buffer).
-        backward_mean: the loss is backpropagated as the mean over the window's targets, else as their sum.
-    """
-
-    def __init__(
-        self,
-        executor: ProgramExecutor,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        hidden: Any,
-        resets: bool,
-        backward_mean: bool,
-    ) -> None:
-        self.executor = executor
-        self.x, self.y = torch.empty_like(x), torch.empty_like(y)
-        self.hidden = [torch.empty_like(t) for t in hs.flatten(hidden)]
-        self.tree = hs.unflatten(hidden, self.hidden)  # the state the model is given: the buffers
-        self.starts = (
-            torch.zeros(executor.model_call.layout.columns(x), dtype=torch.bool, device=x.device) if resets else None
-        )
-        self.backward_mean = backward_mean
-        self.targets = y.numel()
-        self.program = Program(self._body, executor.graphs, "the window")
-
-    def __call__(
-        self, x: torch.Tensor, y: torch.Tensor, hidden: Any, starts: torch.Tensor | None, keep_predictions: bool = False
-    ) -> tuple[Any, Any, Any, int]:
-        """Run the window on ``x``, ``y`` from ``hidden``, resetting the ``starts`` columns first.
-
-        Returns:
-            The window's mean loss, the tensors of its returned hidden state and its predictions (``None`` unless
-            ``keep_predictions``: a replay's are copied out only where asked), all detached, and its target count.
-            A window without targets (padding only) adds no gradient, as an eager one runs no backward pass.
-        """
-        with torch.no_grad():  # the state arrives with the graph of an eager window
-            self.x.copy_(x)
-            self.y.copy_(y)
-            for buffer, t in zip(self.hidden, hs.flatten(hidden)):
-                buffer.copy_(t)
-            if self.starts is not None:
-                self.starts.copy_(starts)
-        (mean, hidden_out, y_pred, window_grads, count), fresh = self.program()
-        targets = self.targets if count is None else int(count)  # read once the window has run, as an eager one
-        if targets:
-            self.executor.add_window_gradients(window_grads)
-        mean, hidden_out = kept((mean, hidden_out), fresh)
-        return mean, hidden_out, kept(y_pred, fresh) if keep_predictions else None, targets
-
-    def _body(self) -> tuple[Any, list[torch.Tensor], Any, tuple, Any]:
-        window = self.executor.window_pass(self.x, self.y, self.tree, self.starts, self.targets, self.backward_mean)
-        return window.mean, hs.flatten(window.state), hs.detached(window.predictions), window.grads, window.count
-
-
-class CallPass(NamedTuple):
-    """One model call of a window inside a program, with its loss (:meth:`ProgramExecutor.window_call`)."""
-
-    #: Its mean loss, with its graph.
-    mean: Any
-    #: Its predictions, with their graph.
-    predictions: Any
-    #: The hidden state it returned, with its graph.
-    state: Any
-    #: Where its backward pass starts: its loss, as backpropagated and scaled.
-    root: Any
-    #: ``target_count_fn``'s count, a 0-dim int64 tensor on the device; ``None`` without it.
-    count: Any
 
 
 class WindowPass(NamedTuple):
@@ -251,14 +176,8 @@ class ProgramExecutor(SegmentExecutor):
             graphs.name(lambda: _storages_by_name(model_call.model))
         self.programs = ProgramCache(limit, self.counts)  # window and sweep programs
         self.batch_programs = ProgramCache(limit, self.counts)  # several windows per replay
-        #: The mean losses and target counts of a batch program's windows, for the host's walk of the batch.
-        self.replayed: deque[tuple[torch.Tensor, int]] | None = None
-        self._batch_program: BatchProgram | None = None  # the one the walk answers from
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
         self._trained_index: list[int] = []  # their places among the parameters
-        #: The results of the open window's segments, run by a sweep program, for the host's walk of the window.
-        self.swept: deque[tuple[Any, int, Any]] = deque()
-        self._swept = False  # a sweep program ran the open window's backward pass
         self.reach_weights = ReachWeights()  # the weights of the versions sweep programs reach
         self._pointers: list[int] = []  # their storage then
 
@@ -270,18 +189,6 @@ class ProgramExecutor(SegmentExecutor):
         Arguments, result and errors as :meth:`SegmentExecutor.run`'s; a program raises
         :class:`~ignite_tbptt.runtime.GraphCaptureError` where its capture fails.
         """
-        if self.replayed:  # a batch program ran this window: its results, in order
-            mean, n = self.replayed.popleft()
-            self.stream.position = plan.end
-            self.stream.window_loss.add(mean, n, True)
-            if not self.replayed:  # its last: the .grad it left, before a window after it adds to them
-                self.finish_batch_program()
-            return SegmentResult(mean, n, None)
-        if self.swept:  # a sweep program ran this segment's window: its results, in order
-            loss, n, predictions = self.swept.popleft()
-            self.stream.position = plan.end
-            self.stream.window_loss.add(loss, n, plan.whole_window)
-            return SegmentResult(loss, n, predictions if keep_predictions else None)
         if plan.replayable and self.ready():
             return self._run_program(plan, x, y, resets, keep_predictions)
         if plan.start == plan.window.start:
@@ -304,71 +211,77 @@ class ProgramExecutor(SegmentExecutor):
     def _run_program(
         self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
     ) -> SegmentResult:
-        stream = self.stream
-        self._check_parameters()
-        key = (x.shape, x.dtype, y.shape, y.dtype, resets is not None, plan.backward_mean)
-        program = self.programs.get(key)
-        if program is None:
-            program = self.programs.add(
-                key, WindowProgram(self, x, y, stream.hidden, resets is not None, plan.backward_mean)
-            )
-        self.let_state_graph_go()
-        mean, hidden_out, predictions, n = program(x, y, stream.hidden, resets, keep_predictions)
-        stream.hidden, stream.position = hs.unflatten(stream.hidden, hidden_out), plan.end
-        stream.window_loss.add(mean, n, True)
-        return SegmentResult(mean, n, predictions if keep_predictions else None)
+        # A window of one model call is a sweep program of one call that reaches nothing.
+        return self._sweep([plan], [], x, y, [resets], keep_predictions)[0]
 
-    def run_sweep(self, plans: list[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool) -> bool:
+    def run_sweep(
+        self, plans: list[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool
+    ) -> list[SegmentResult] | None:
         """Run the open window, whose segments ``plans`` lists, as a sweep program (:mod:`.sweep_programs`).
 
         ``x``, ``y``: the batch, whose first step is the stream's step ``offset``; ``resets``: the starting columns
-        by step of the batch; ``keep``: the walk hands the predictions on (``output_transform``). The
-        segments' results wait in :attr:`swept` for :meth:`run`, the stream's state is the window's last, and the
-        segments a later window reaches join the history as what recomputes them. Returns whether it ran (not: the
-        reach is not retained whole).
+        by step of the batch; ``keep``: hand the predictions on (``output_transform``).
+
+        Returns:
+            Each segment's result, as :meth:`run` gives it; the stream is then at the window's end, with its state
+            and the window's loss, and the segments a later window reaches have joined the history as what
+            recomputes them. ``None`` where it did not run (the reach is not retained whole): nothing changed.
         """
+        steps = self.model_call.layout.steps
+        first, last = plans[0], plans[-1]
+        reach = reach_of(self.stream.history.segments, first.window.cut, first.start)
+        if reach is None:
+            return None
+        xw, yw = steps(x, first.start - offset, last.end - offset), steps(y, first.start - offset, last.end - offset)
+        return self._sweep(plans, reach, xw, yw, [resets.get(p.start - offset) for p in plans], keep)
+
+    def _sweep(
+        self,
+        plans: list[SegmentPlan],
+        reach: list[Replay],
+        xw: Any,
+        yw: Any,
+        starts: list[torch.Tensor | None],
+        keep: bool,
+    ) -> list[SegmentResult]:
+        # The window of ``plans`` on its input ``xw`` and targets ``yw`` after ``reach``, as the sweep program of its
+        # shape; ``starts``: each call's reset mask.
         stream, steps = self.stream, self.model_call.layout.steps
         first, last = plans[0], plans[-1]
-        reach = reach_of(stream.history.segments, first.window.cut, first.start)
-        if reach is None:
-            return False
         self._check_parameters()
         calls = tuple(
-            Call(p.start - first.start, p.end - first.start, p.start - offset in resets, p.whole_window) for p in plans
+            Call(p.start - first.start, p.end - first.start, mask is not None, p.whole_window)
+            for p, mask in zip(plans, starts)
         )
-        xw, yw = steps(x, first.start - offset, last.end - offset), steps(y, first.start - offset, last.end - offset)
-        key = ("sweep", xw.shape, xw.dtype, yw.shape, yw.dtype, calls, first.backward_mean, SweepProgram.key(reach))
+        key = (xw.shape, xw.dtype, yw.shape, yw.dtype, calls, first.backward_mean, SweepProgram.key(reach))
         program = self.programs.get(key)
         if program is None:
             mean, rebuilds = first.backward_mean, first.rebuilt
             program = self.programs.add(key, SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds))
         self.let_state_graph_go()
         stream.history.keep_only_replays(len(reach))
-        starts = [resets.get(p.start - offset) for p in plans]
         values = self.reach_weights(stream.history.versions, reach, self._trained_index) if reach else []
         results = program(reach, values, stream.hidden, xw, yw, starts, keep)
         history, state = stream.history, stream.hidden
-        for plan, mask, after in zip(plans, starts, results.states):
+        for plan, call, mask, after in zip(plans, calls, starts, results.states):
             if plan.reached_later:  # it joins the history as what recomputes it
-                segment_x = steps(x, plan.start - offset, plan.end - offset)
+                segment_x = steps(xw, call.start, call.end)
                 replay = Replay(
                     segment_x, state, rng.capture(xw.device), history.versions.current, plan.hidden_requires_grad, mask
                 )
                 history.append(Segment(plan.start, plan.end, [], None, replay=replay))
             state = hs.unflatten(state, after)
-        stream.hidden = state
-        self.swept = deque(zip(results.losses, results.counts, results.predictions))
-        self._swept = True  # its close drops what no later window reaches, and sweeps nothing
-        return True
+        stream.hidden, stream.position = state, last.end
+        segments = []
+        for plan, loss, n, predictions in zip(plans, results.losses, results.counts, results.predictions):
+            stream.window_loss.add(loss, n, plan.whole_window)
+            segments.append(SegmentResult(loss, n, predictions if keep else None))
+        return segments
 
-    def close_window(self, plan: ClosePlan) -> list | None:
-        """:meth:`SegmentExecutor.close_window`; after a sweep program, which swept the window, only the drop."""
-        if self._swept:
-            self._swept = False
-            history = self.stream.history
-            history.segments = history.segments[plan.keep_from :]
-            return None
-        return super().close_window(plan)
+    def close_swept(self, plan: ClosePlan) -> None:
+        """Close a window a sweep program ran, and swept: only drop the segments no later window reaches."""
+        history = self.stream.history
+        history.segments = history.segments[plan.keep_from :]
 
     def window_call(
         self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
@@ -434,11 +347,14 @@ class ProgramExecutor(SegmentExecutor):
         y: Any,
         resets: dict[int, torch.Tensor],
         divisors: list[int],
-    ) -> BatchResults:
+    ) -> tuple[BatchProgram, BatchResults]:
         """Run a batch's windows as the batch program of ``key`` (made by ``make`` the first time).
 
-        The windows' results wait in :attr:`replayed` for the host's walk of the batch, which :meth:`run` answers
-        from, and the stream's state is the batch's last.
+        Returns:
+            The program and its results, with each window's target count read (one read for the batch) in ``counts``
+            as ints. The stream's state is then the batch's last; its position and the windows' losses are the
+            host's walk's to advance (:meth:`take_batch_window`), and the ``.grad`` the program left, to set
+            (:meth:`finish_batch_program`).
         """
         self._check_parameters()
         program = self.batch_programs.get(key)
@@ -452,25 +368,23 @@ class ProgramExecutor(SegmentExecutor):
         self.stream.hidden = hs.unflatten(self.stream.hidden, results.state)
         # The counts target_count_fn made on the device: one read for the batch, where a window reads its own.
         counts = torch.stack(results.counts).tolist() if results.counts else [w.targets for w in program.windows]
-        self.replayed = deque(zip(results.means, counts))
-        self._batch_program = program
-        return results
+        return program, results._replace(counts=counts)
 
-    def finish_batch_program(self) -> None:
-        """Once the host's walk reaches a batch program's last window: the ``.grad`` it left, nothing replayed.
+    def take_batch_window(self, plan: SegmentPlan, mean: torch.Tensor, targets: int) -> SegmentResult:
+        """The host's walk reaches a window a batch program ran: the stream advances past it, with its loss."""
+        self.stream.position = plan.end
+        self.stream.window_loss.add(mean, targets, True)
+        return SegmentResult(mean, targets, None)
+
+    def finish_batch_program(self, program: BatchProgram) -> None:
+        """Once the host's walk reaches a batch program's last window: the ``.grad`` the program left.
 
         The walk's ``zero_grad()`` at a step's first window cleared them; a window after the program's (the batch
-        ending inside it) adds to them, or clears them if it starts a step. Nothing happens once done.
+        ending inside it) adds to them, or clears them if it starts a step.
         """
-        program, self._batch_program, self.replayed = self._batch_program, None, None
-        if program is not None and program.gradients is not None:  # the walk's zero_grad() cleared them
+        if program.gradients is not None:
             for p, has in zip(self.trained, program.gradients):
                 p.grad = self.gradients.buffer(p) if has else None
-
-    def end_batch(self) -> None:
-        """A batch's walk ended, or was interrupted: nothing a batch or sweep program ran is left for it to answer."""
-        self.swept, self._swept = deque(), False  # a sweep's window closes inside its batch, unless interrupted
-        self.finish_batch_program()
 
     def clear(self) -> None:
         """Forget every program: the next windows run eagerly and are captured afresh."""
