@@ -12,14 +12,14 @@ from .planning import ClosePlan, Schedule, walk
 
 if TYPE_CHECKING:  # matplotlib is imported when a figure is drawn, not with the package
     from matplotlib.axes import Axes
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure, SubFigure
 
 __all__ = ["plot_schedule", "plot_columns", "plot_reach"]
 
 _REACH, _LOSS, _OWN, _CUT = "#9ecae1", "#08519c", "#fdae6b", "#cb181d"
 
 
-def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Figure:
+def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Figure | SubFigure:
     """Draw the windows of TBPTT(k1, k2) over a stream of ``n_steps`` steps, one row per window.
 
     Each row shows the steps whose losses the window computes (dark), the steps its backward pass reaches,
@@ -81,7 +81,7 @@ def plot_schedule(k1: int, k2: int, n_steps: int, ax: Axes | None = None) -> Fig
     return _legend(ax, handles, own_figure)
 
 
-def _legend(ax: Axes, handles: list, own_figure: bool) -> Figure:
+def _legend(ax: Axes, handles: list, own_figure: bool) -> Figure | SubFigure:
     """Put the legend right of the plot: outside the axes of a figure drawn here, beside given ``ax`` otherwise."""
     if own_figure:
         ax.figure.legend(handles=handles, loc="outside right upper", frameon=False)
@@ -98,7 +98,7 @@ def plot_columns(
     k1: int | None = None,
     ignore_index: int = -100,
     ax: Axes | None = None,
-) -> Figure:
+) -> Figure | SubFigure:
     """Draw how sequences lie in the columns of a stream's ``(x, y, starts)`` batches (time first).
 
     One row per column, one bar per sequence (alternating shades), from the step where ``starts`` marks it
@@ -171,7 +171,7 @@ def plot_columns(
     return _legend(ax, handles, own_figure)
 
 
-def plot_reach(profiles: Iterable[dict[int, float]], ax: Axes | None = None) -> Figure:
+def plot_reach(profiles: Iterable[dict[int, float]], ax: Axes | None = None) -> Figure | SubFigure:
     """Draw gradient-reach profiles: the hidden-state gradient norm against the lag, relative to each window's largest.
 
     Each profile (``engine.state.gradient_reach`` of :class:`~ignite_tbptt.GradientReach`) is a thin line; the

@@ -17,6 +17,7 @@ from pathlib import Path
 
 SNAPSHOT = Path(__file__).parent / "api_snapshot.txt"
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # a default's repr: <function default_model_fn at 0x7f...>
+_FORWARD_REF = re.compile(r"ForwardRef\('([^']*)'[^)]*\)")  # a NamedTuple's field annotation, as Python prints it
 PACKAGES = [
     "ignite_tbptt",
     "ignite_tbptt.data",
@@ -44,7 +45,8 @@ def _signature(obj: object) -> str:
         signature = str(inspect.signature(obj))
     except (TypeError, ValueError):  # an enum or a builtin without one
         signature = "(...)"
-    return f"{kind}{_ADDRESS.sub('', signature)}"
+    signature = _FORWARD_REF.sub(r"'\1'", _ADDRESS.sub("", signature))
+    return f"{kind}{signature}"
 
 
 def api_lines() -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import heapq
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Sized
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -19,6 +19,15 @@ from ..checks import positive_int
 from .shards import shard_of
 
 __all__ = ["Packing", "holds"]
+
+
+@runtime_checkable
+class _Indexed(Protocol):
+    """Pieces read by index: a list, a tuple, a map-style dataset."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any: ...
 
 
 class Packing(ABC):
@@ -108,12 +117,15 @@ class Packing(ABC):
         )
 
     def _order(self) -> Iterator[Any]:
+        items = self.items
         if not self.shuffle:
-            return iter(self.items)
+            return iter(items)
+        if not isinstance(items, _Indexed):
+            raise TypeError(f"shuffle=True reads the pieces by index: pass a list, got {type(items).__name__}.")
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         # On the CPU, as the generator is, also where torch's default device is a GPU.
-        order = torch.randperm(len(self.items), generator=generator, device="cpu").tolist()
-        return (self.items[i] for i in order)
+        order = torch.randperm(len(items), generator=generator, device="cpu").tolist()
+        return (items[i] for i in order)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         # With shuffle, every order is padded to the same number of steps, the most any order can need.
@@ -181,7 +193,9 @@ def _pack(
     columns, length = packing.batch_size, packing.length
     free = _Columns(columns)
     placed: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = [[] for _ in range(columns)]  # (first step, x, y)
-    exhausted, start, first, padding = False, 0, None, None
+    exhausted, start = False, 0
+    first: tuple[torch.Tensor, torch.Tensor] | None = None
+    padding: tuple[Any, Any, torch.dtype] | None = None
     while True:
         end = start + length if steps is None else min(start + length, steps)
         while not exhausted and free.first_free < end:  # fill every column up to the batch's end
@@ -200,6 +214,7 @@ def _pack(
             end = min(end, steps)
         if end <= start:
             return
+        assert first is not None and padding is not None  # a column reaches past start only with a piece placed
         x_pad, y_pad, y_dtype = padding
         x = torch.full((end - start, columns, *first[0].shape[1:]), x_pad, dtype=first[0].dtype)
         y = torch.full((end - start, columns, *first[1].shape[1:]), y_pad, dtype=y_dtype)

@@ -16,6 +16,7 @@ from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
 from .full_state_dict import FullStateDict
 from .process import TBPTTStep
+from .state import TBPTTState, tbptt_state
 from .trainer import TrainingOptions, create_tbptt_trainer, tbptt_training_step
 
 __all__ = [
@@ -26,6 +27,8 @@ __all__ = [
     "TBPTTEngine",
     "DeterministicTBPTTEngine",
     "TBPTTEvents",
+    "TBPTTState",
+    "tbptt_state",
     "create_tbptt_evaluator",
     "load_checkpoint",
     "FullStateDict",

@@ -49,7 +49,13 @@ def broadcast_parameters(parameters: list[torch.Tensor]) -> None:
     """
     for p in parameters:
         if not is_sharded(p):
-            p.copy_(idist.broadcast(p.detach(), src=0))
+            p.copy_(_tensor(idist.broadcast(p.detach(), src=0)))
+
+
+def _tensor(result: object) -> torch.Tensor:
+    # ignite.distributed annotates each collective with the union of the types it takes; a tensor in gives a tensor.
+    assert isinstance(result, torch.Tensor)
+    return result
 
 
 class ProcessesDisagree(RuntimeError):
@@ -77,7 +83,7 @@ def synchronise(position: tuple[int, ...], targets: int, device: torch.device) -
         ProcessesDisagree: on every process, if any reports another position; naming each process's.
     """
     record = torch.tensor([*position, targets], dtype=torch.int64, device=device)
-    gathered = idist.all_gather(record).view(-1, record.numel()).tolist()
+    gathered = _tensor(idist.all_gather(record)).view(-1, record.numel()).tolist()
     if any(row[:-1] != gathered[0][:-1] for row in gathered):
         raise ProcessesDisagree(_disagreement(gathered))
     return sum(row[-1] for row in gathered)
@@ -118,7 +124,7 @@ def check_same_batch(length: int, has_starts: bool, device: torch.device) -> boo
         ProcessesDisagree: on every process, if the lengths differ; naming each process's.
     """
     record = torch.tensor([length, int(has_starts)], dtype=torch.int64, device=device)
-    rows = idist.all_gather(record).view(-1, 2).tolist()
+    rows = _tensor(idist.all_gather(record)).view(-1, 2).tolist()
     if any(row[0] != rows[0][0] for row in rows):
         lengths = ", ".join(f"rank {r} has {row[0]}" for r, row in enumerate(rows))
         raise ProcessesDisagree(
@@ -137,7 +143,7 @@ def all_start_steps(steps: list[int], length: int, device: torch.device) -> list
     """
     marks = torch.zeros(length, dtype=torch.int32, device=device)
     marks[steps] = 1
-    return torch.nonzero(idist.all_reduce(marks, op="MAX")).flatten().tolist()
+    return torch.nonzero(_tensor(idist.all_reduce(marks, op="MAX"))).flatten().tolist()
 
 
 @torch.no_grad()
@@ -149,14 +155,14 @@ def all_reduce_gradients(parameters: list[torch.Tensor]) -> None:
     as sums in FSDP2's post-backward hooks (:func:`~ignite_tbptt.runtime.sharded.reduce_gradients_by_sum`).
     """
     parameters = [p for p in parameters if not is_sharded(p)]
-    for p in parameters:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
     groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
     for p in parameters:
-        groups.setdefault((p.grad.dtype, p.grad.device), []).append(p.grad)
+        grad = p.grad
+        if grad is None:
+            grad = p.grad = torch.zeros_like(p)
+        groups.setdefault((grad.dtype, grad.device), []).append(grad)
     for grads in groups.values():
-        flat = idist.all_reduce(torch.cat([g.reshape(-1) for g in grads]))
+        flat = _tensor(idist.all_reduce(torch.cat([g.reshape(-1) for g in grads])))
         torch._foreach_copy_(grads, [t.view_as(g) for t, g in zip(flat.split([g.numel() for g in grads]), grads)])
 
 

@@ -116,7 +116,7 @@ class DeterministicTBPTTEngine(_SavesStream, DeterministicEngine):
         pending = getattr(self.state, "rng_states", None) is not None
         super()._setup_engine()
         # ignite restores (and then drops) the saved states only when the run resumes mid-epoch; CUDA's follow.
-        restored = pending and self.state.rng_states is None
+        restored = pending and getattr(self.state, "rng_states", None) is None
         if restored and self._cuda_rng_states is not None and torch.cuda.is_available():
             states = [state.cpu() for state in self._cuda_rng_states[: torch.cuda.device_count()]]
             torch.cuda.init()  # else the states wait in torch's lazy queue, behind the epoch's seed ignite just set

@@ -29,7 +29,7 @@ def create_tbptt_evaluator(
     device: str | torch.device | None = None,
     non_blocking: bool = False,
     prepare_batch: Callable = default_prepare_batch,
-    model_fn: Callable[[torch.nn.Module, Any, Any], tuple[Any, Any]] = default_model_fn,
+    model_fn: Callable[[Any, Any, Any], tuple[Any, Any]] = default_model_fn,
     output_transform: Callable[[Any, Any, Any], Any] = lambda x, y, y_pred: (y_pred, y),
     autocast_dtype: torch.dtype | None = None,
     reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,

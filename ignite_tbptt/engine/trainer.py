@@ -26,6 +26,7 @@ from ..runtime import (
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .optimizer_step import OptimizerStep
 from .process import TBPTTStep
+from .state import tbptt_state
 
 if sys.version_info >= (3, 11):
     from typing import Unpack
@@ -166,7 +167,8 @@ def tbptt_training_step(
         non_blocking=o["non_blocking"],
         prepare_batch=o["prepare_batch"],
         output_transform=o["output_transform"],
-        target_count_fn=o["target_count_fn"],
+        # TBPTTStep's annotation says int; it takes the 0-dim tensor documented here too (to widen in process.py).
+        target_count_fn=o["target_count_fn"],  # type: ignore[arg-type]
         recompute=recompute,
         execution=execution,
     )
@@ -370,5 +372,5 @@ def create_tbptt_trainer(
     step = tbptt_training_step(model, optimizer, loss_fn, k1, k2, **_with_defaults("create_tbptt_trainer", options))
     engine = DeterministicTBPTTEngine(step) if deterministic else TBPTTEngine(step)
     if step.scaler is not None:
-        engine.state.scaler = step.scaler
+        tbptt_state(engine).scaler = step.scaler
     return engine

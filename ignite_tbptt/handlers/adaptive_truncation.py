@@ -26,7 +26,7 @@ from typing import Any
 from ignite.engine import Engine
 
 from ..checks import positive_int
-from ..engine import TBPTTStep
+from ..engine import TBPTTStep, tbptt_state
 from ..planning import RandomWindows, Schedule, Window, WindowSource, k2_cut
 
 __all__ = ["AdaptiveTruncation"]
@@ -96,20 +96,20 @@ class AdaptiveTruncation(WindowSource):
     ) -> None:
         if isinstance(delta, bool) or not isinstance(delta, numbers.Real) or not 0.0 < delta < 1.0:
             raise ValueError(f"delta must be a relative bias in (0, 1), got {delta!r}.")
-        self.k2_min = positive_int("k2_min", k2_min, "a number of time steps")
-        self.k2_max = positive_int("k2_max", k2_max, "a number of time steps")
-        self.every = positive_int("every", every, "windows between recordings")
-        self.memory = positive_int("memory", memory, "recorded windows")
+        self.k2_min: int = positive_int("k2_min", k2_min, "a number of time steps")
+        self.k2_max: int = positive_int("k2_max", k2_max, "a number of time steps")
+        self.every: int = positive_int("every", every, "windows between recordings")
+        self.memory: int = positive_int("memory", memory, "recorded windows")
         if k2_max < k2_min:
             raise ValueError(f"k2_max must be at least k2_min, got {k2_max} < {k2_min}.")
-        self.k2 = k2_min if k2 is None else positive_int("k2", k2, "a number of time steps")
+        self.k2: int = k2_min if k2 is None else positive_int("k2", k2, "a number of time steps")
         if not k2_min <= self.k2 <= k2_max:
             raise ValueError(f"k2 must lie in [k2_min, k2_max] = [{k2_min}, {k2_max}], got {self.k2}.")
-        self.delta = delta
+        self.delta: float = delta
         self.rates: deque[float] = deque(maxlen=memory)  # log of the decay per step, one per recorded window
         self.base: Schedule | RandomWindows | None = None  # the trainer's own source: its windows, this one's cuts
         self._planned: dict[int, tuple[int, int]] = {}  # window start -> (k2 it was planned with, lowest cut)
-        self._last_cut = 0
+        self._last_cut: int = 0
 
     def attach(self, engine: Engine) -> AdaptiveTruncation:
         """Decide the cuts of ``engine``'s windows from its next stream on; returns ``self``.
@@ -139,14 +139,17 @@ class AdaptiveTruncation(WindowSource):
     @property
     def k1(self) -> int:
         """The trainer's k1 (its base window length for random windows)."""
+        return self._base().k1
+
+    def _base(self) -> Schedule | RandomWindows:
         if self.base is None:
             raise TypeError("AdaptiveTruncation is a handler: AdaptiveTruncation(...).attach(trainer).")
-        return self.base.k1
+        return self.base
 
     # -- the window source ------------------------------------------------------------------------------------
     def window(self, start: int) -> Window:
         """The trainer's window starting at ``start``, with the cut of the k2 current on the first request."""
-        end = self.base.window(start).end
+        end = self._base().window(start).end
         if start not in self._planned:
             self._planned[start] = (self.k2, self._last_cut)
         cut = self.cut(start, end)
@@ -165,7 +168,7 @@ class AdaptiveTruncation(WindowSource):
         """A new stream: forget its planned windows; k2 and the estimate go on."""
         self._planned.clear()
         self._last_cut = 0
-        self.base.reset()
+        self._base().reset()
 
     def state_dict(self) -> dict[str, Any]:
         """k2, the recent decay estimates, the windows planned in the current stream and the trainer's windows."""
@@ -196,12 +199,13 @@ class AdaptiveTruncation(WindowSource):
     def connect(self, engine: Engine, step: TBPTTStep) -> None:
         """Record the reach of every ``every``-th window of ``engine``."""
         step.record_reach(self.every)
-        engine.state.k2 = self.k2
+        tbptt_state(engine).k2 = self.k2
 
     def observe(self, engine: Engine) -> None:
         """Update the decay estimate and k2 from the window just completed, if its reach was recorded."""
-        reach = engine.state.gradient_reach
-        start, end, _ = engine.state.window_bounds
+        state = tbptt_state(engine)
+        reach = state.gradient_reach
+        start, end, _ = state.window_bounds
         # Only lags at or past the window's start: closer to its end, each step back adds a step's loss.
         points = [(lag, math.log(norm)) for lag, norm in (reach or {}).items() if norm > 0 and lag >= end - start]
         if len(points) >= 2:
@@ -211,7 +215,7 @@ class AdaptiveTruncation(WindowSource):
             spread = sum((lag - mean_lag) ** 2 for lag, _ in points)
             self.rates.append(sum((lag - mean_lag) * (v - mean_log) for lag, v in points) / spread)
             self.k2 = self.choose(statistics.median(self.rates))
-        engine.state.k2 = self.k2
+        state.k2 = self.k2
 
     def choose(self, log_rate: float) -> int:
         """The smallest k2 in ``[k2_min, k2_max]`` with ``exp(log_rate) ** (k2 - k1 + 1) <= delta``.

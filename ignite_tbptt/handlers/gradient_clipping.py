@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 import torch
 from ignite.engine import Engine
 
-from ..engine import TBPTTEvents
+from ..engine import TBPTTEvents, tbptt_state
 
 __all__ = ["GradientClipping", "gradient_norm"]
 
@@ -30,9 +30,10 @@ def gradient_norm(engine: Engine, parameters: Iterable[torch.Tensor], norm_type:
     synchronisation): whoever asks first during ``TBPTTEvents.OPTIMIZER_STEP_STARTED`` gets the norm before
     any clipping, and so does everyone after.
     """
-    if getattr(engine.state, "grad_norm_stamp", None) != (engine.state.optimizer_step, float(norm_type)):
+    state = tbptt_state(engine)
+    if getattr(state, "grad_norm_stamp", None) != (state.optimizer_step, float(norm_type)):
         keep_norm(engine, total_norm(parameters, norm_type), norm_type)
-    return engine.state.grad_norm
+    return state.grad_norm
 
 
 def keep_norm(engine: Engine, norm: torch.Tensor, norm_type: float = 2.0) -> None:
@@ -41,9 +42,10 @@ def keep_norm(engine: Engine, norm: torch.Tensor, norm_type: float = 2.0) -> Non
     What :func:`gradient_norm` leaves, for the handlers that ran inside the step program and computed the norm there
     (``device_part``): the first of them keeps it, as the first to ask does eagerly.
     """
-    stamp = (engine.state.optimizer_step, float(norm_type))
-    if getattr(engine.state, "grad_norm_stamp", None) != stamp:
-        engine.state.grad_norm, engine.state.grad_norm_stamp = norm, stamp
+    state = tbptt_state(engine)
+    stamp = (state.optimizer_step, float(norm_type))
+    if getattr(state, "grad_norm_stamp", None) != stamp:
+        state.grad_norm, state.grad_norm_stamp = norm, stamp
 
 
 def step_norm(shared: dict, parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
@@ -112,7 +114,7 @@ class GradientClipping:
         if (max_norm is None) == (max_value is None):
             raise ValueError("pass exactly one of max_norm (clip by total norm) and max_value (clip by value).")
         limit = max_norm if max_norm is not None else max_value
-        if not limit > 0:
+        if limit is None or not limit > 0:
             raise ValueError(f"the clipping limit must be positive, got {limit!r}.")
         self.parameters = _parameters(parameters)
         self.max_norm, self.norm_type, self.max_value = max_norm, norm_type, max_value
@@ -122,7 +124,7 @@ class GradientClipping:
         params = [p for p in self.parameters() if p.grad is not None]
         norm = gradient_norm(engine, params, self.norm_type)
         if params:
-            self._clip([p.grad for p in params], norm)
+            self._clip([p.grad for p in params if p.grad is not None], norm)
 
     def device_part(self, engine: Engine, shared: dict) -> torch.Tensor:
         """Inside a step program (``cuda_graphs``): the norm and the clipping, device operations only; the norm.
@@ -133,7 +135,7 @@ class GradientClipping:
         params = [p for p in self.parameters() if p.grad is not None]
         norm = step_norm(shared, params, self.norm_type)
         if params:
-            self._clip([p.grad for p in params], norm)
+            self._clip([p.grad for p in params if p.grad is not None], norm)
         return norm
 
     def host_part(self, engine: Engine, norm: torch.Tensor) -> None:
@@ -146,7 +148,7 @@ class GradientClipping:
             coef = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)
             # No host synchronisation: a non-finite norm multiplies by one.
             torch._foreach_mul_(grads, torch.where(finite, coef, torch.ones_like(coef)))
-        else:
+        elif self.max_value is not None:
             for g in grads:
                 g.copy_(torch.where(finite, g.clamp(-self.max_value, self.max_value), g))
 

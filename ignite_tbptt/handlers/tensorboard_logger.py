@@ -14,7 +14,7 @@ from ignite.handlers import TensorboardLogger, global_step_from_engine
 from ignite.handlers.tensorboard_logger import OptimizerParamsHandler
 
 from ..checks import positive_int
-from ..engine import DeterministicTBPTTEngine, TBPTTEngine, TBPTTEvents, TBPTTStep
+from ..engine import DeterministicTBPTTEngine, TBPTTEngine, TBPTTEvents, TBPTTStep, tbptt_state
 from .gradient_clipping import gradient_norm, keep_norm, step_norm
 
 __all__ = ["attach_tensorboard"]
@@ -49,23 +49,23 @@ class _Telemetry:
     reads_state_only = True  # it writes only the logged values into engine.state
 
     def __init__(self, trainer: Engine, step: TBPTTStep) -> None:
-        self.last_time: float | None = None
+        self.last_time = time.perf_counter()  # set again as the run starts
         self.last_targets = 0
         params = step.parameters()
         self.device = params[0].device if params else torch.device("cpu")
         self.scaler = step.scaler
-        state = trainer.state
+        state = tbptt_state(trainer)
         state.grad_norm = torch.tensor(float("nan"))
         state.loss_scale = float("nan")
         state.targets_per_second = float("nan")
         state.peak_memory_mib = float("nan")
 
     def started(self, engine: Engine) -> None:
-        self.last_time, self.last_targets = time.perf_counter(), engine.state.targets_seen
+        self.last_time, self.last_targets = time.perf_counter(), tbptt_state(engine).targets_seen
 
     def __call__(self, engine: Engine) -> None:
-        now, seen = time.perf_counter(), engine.state.targets_seen
-        state = engine.state
+        now, seen = time.perf_counter(), tbptt_state(engine).targets_seen
+        state = tbptt_state(engine)
         state.targets_per_second = (seen - self.last_targets) / max(now - self.last_time, 1e-9)
         self.last_time, self.last_targets = now, seen
         if self.scaler is not None:
@@ -105,10 +105,11 @@ class _ReachLog:
         self.profiles: list[dict[int, float]] = []
 
     def __call__(self, engine: Engine) -> None:
-        reach = engine.state.gradient_reach
+        state = tbptt_state(engine)
+        reach = state.gradient_reach
         if not reach:
             return
-        start, end, cut = engine.state.window_bounds
+        start, end, cut = state.window_bounds
         step = self.step(engine, TBPTTEvents.WINDOW_COMPLETED)
         largest = max(reach.values())
         if end - cut in reach and largest > 0:  # no cut entry where the window reaches the stream's start
@@ -130,7 +131,7 @@ _fire_tokens_logged.reads_state_only = True  # type: ignore[attr-defined]
 
 
 def _learned(engine: Engine, window: int, every: int) -> bool:
-    return window % every == 0 and engine.state.window_targets > 0
+    return window % every == 0 and tbptt_state(engine).window_targets > 0
 
 
 class _GradientNorm:
@@ -193,7 +194,7 @@ def attach_tensorboard(
         logger: a log directory, or a ``TensorboardLogger`` to add to.
         evaluators: evaluators by name (the tag), e.g. ``{"validation": evaluator}``.
         hparams: more hyper-parameters to record (ints, floats, strings, bools).
-        x_axis: ``"windows"`` (``engine.state.window``) or ``"tokens"`` (``engine.state.targets_seen``, the
+        x_axis: ``"windows"`` (``engine.state.window``) or ``"tokens"`` (``tbptt_state(engine).targets_seen``, the
             targets processed so far) for every curve, validation included.
         every: log the training curves every ``every`` windows.
         reach_picture_every: recorded windows per gradient-reach picture.
@@ -215,11 +216,12 @@ def attach_tensorboard(
     positive_int("reach_picture_every", reach_picture_every, "recorded windows per picture")
     tb = logger if isinstance(logger, TensorboardLogger) else TensorboardLogger(log_dir=str(logger))
     if x_axis == "windows":
-        step = global_step_from_engine(trainer, TBPTTEvents.WINDOW_COMPLETED)
+        # ignite annotates the event as Events, but takes any event, a custom EventEnum's included.
+        step = global_step_from_engine(trainer, TBPTTEvents.WINDOW_COMPLETED)  # type: ignore[arg-type]
     else:
 
         def step(_: Engine, __: Any) -> int:
-            return trainer.state.targets_seen
+            return tbptt_state(trainer).targets_seen
 
     tbptt = TBPTTStep.of(trainer, "attach_tensorboard")
     params = tbptt.parameters()

@@ -180,7 +180,7 @@ def _mixers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return mixers
 
 
-def _state_shapes(layer: torch.nn.Module, batch: int) -> dict[str, Any]:
+def _state_shapes(layer: Any, batch: int) -> dict[str, Any]:  # an fla layer: fla has no type information
     """The shape of each entry of ``layer``'s state for ``batch`` columns: a shape, or a tuple of the convolutions'."""
     kind = type(layer).__name__
     if kind == "Mamba2":
@@ -197,7 +197,7 @@ def _state_shapes(layer: torch.nn.Module, batch: int) -> dict[str, Any]:
     return shapes
 
 
-def _refusal(layer: torch.nn.Module, index: int, steps: int, has_state: bool) -> str | None:
+def _refusal(layer: Any, index: int, steps: int, has_state: bool) -> str | None:  # an fla layer, as above
     """Why fla cannot run, or cannot backpropagate, ``layer`` over a call of ``steps`` steps; None if it can."""
     kind = type(layer).__name__
     if kind == "GatedLinearAttention" and steps > _RECURRENT_UP_TO and layer.mode == "fused_chunk":

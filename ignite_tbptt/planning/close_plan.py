@@ -27,7 +27,7 @@ class SweepStep(NamedTuple):
     """One traversal of the backward sweep: a retained segment and how it is backpropagated."""
 
     #: The segment's index in the retained history (oldest first).
-    index: int
+    segment: int
     #: First step of the segment.
     start: int
     #: The segment lies before the window's cut (k2 < k1): its own loss only, no hidden-state gradient in or out.

@@ -69,7 +69,7 @@ class StreamPlanner:
         stride = self.reach.stride if self.recorded else None
         return plan_segment(
             self.source,
-            self.window,
+            self._open(),
             step,
             batch_end,
             stream_end,
@@ -85,7 +85,12 @@ class StreamPlanner:
 
         See :func:`plan_close`. The window stays open until :meth:`closed`, once the plan is carried out.
         """
-        return plan_close(self.source, self.window.start, end, stream_continues, retained, self.recorded)
+        return plan_close(self.source, self._open().start, end, stream_continues, retained, self.recorded)
+
+    def _open(self) -> Window:
+        if self.window is None:
+            raise RuntimeError("no window is open: a segment or a close is planned only inside a window.")
+        return self.window
 
     def closed(self, plan: ClosePlan) -> None:
         """The window ``plan`` closes is closed: the next opens where it ended."""

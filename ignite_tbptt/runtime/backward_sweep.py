@@ -92,9 +92,11 @@ class Segment:
         roots: list[torch.Tensor] = []
         grads: list[torch.Tensor | None] = []
         if self.y_pred is not None:
+            assert self.y_grad is not None  # predictions are kept only with the gradient they are owed
             _add_roots(roots, grads, self.y_pred, self.y_grad)
             self.y_pred = self.y_grad = None
         if hidden_grad is not None:
+            assert self.outputs is not None  # a segment is traversed with its graph, built or rebuilt
             _add_roots(roots, grads, self.outputs, hidden_grad)
         if self.loss is not None:
             roots.append(self.loss)
@@ -106,6 +108,12 @@ class Segment:
         for leaf in self.inputs:
             leaf.grad = None
         return reached
+
+
+def _replay_of(segment: Segment) -> Replay:
+    if segment.replay is None:  # every segment the history keeps has one; a Segment made by hand may not
+        raise RuntimeError(f"the segment [{segment.start}, {segment.end}) was kept without what rebuilds it.")
+    return segment.replay
 
 
 def _add_roots(roots: list, grads: list, tensors: list[torch.Tensor], gradients: list) -> None:
@@ -182,6 +190,11 @@ class RetainedHistory:
         if self.versions is None:
             self.versions = ParameterVersions(self.parameters, self.model_call.model)
 
+    def _versions(self) -> ParameterVersions:
+        if self.versions is None:  # only graphs that outlive an optimizer step have older weights
+            raise RuntimeError("the retained history keeps no weight versions: its windows never reach back.")
+        return self.versions
+
     def append(self, segment: Segment) -> None:
         """Add the stream's newest segment."""
         self.segments.append(segment)
@@ -224,7 +237,7 @@ class RetainedHistory:
         with retainable(plan.retains):
             hidden_grad = None
             for step in plan.sweep:
-                segment = segments[step.index]
+                segment = segments[step.segment]
                 if step.own_loss_only:
                     self._traverse(segment, None, retain=False)
                     continue
@@ -258,17 +271,18 @@ class RetainedHistory:
     @contextmanager
     def _rebuilt(self, segment: Segment) -> Iterator[None]:
         """Recompute ``segment``'s graph with the weights and random state it first ran with, for one backward."""
-        replay = segment.replay
+        replay = _replay_of(segment)
         params = self.parameters()
-        old = replay.version is not None and replay.version.frozen
+        version = replay.version if replay.version is not None and replay.version.frozen else None
+        old = version is not None
         current = [p.detach().clone() for p in params] if old else None
         # The parameters are borrowed and given back bit for bit: their version counters say so. Counted, the two
         # copies would read as a change to the graphs that saved the live parameters since the last step (the
         # window's own segments, kept for the next window: a window that a sweep program's segments reach).
         kept = torch.autograd._unsafe_preserve_version_counter(tuple(params)) if old else nullcontext()
         with kept:
-            if old:
-                load_weights(params, self.versions.values(replay.version))
+            if version is not None:
+                load_weights(params, self._versions().values(version))
             try:
                 inputs, y_pred, hidden_out = self.replay(replay, keep_weights=False)
                 segment.inputs, segment.outputs = inputs, hs.flatten(hidden_out)
@@ -285,12 +299,12 @@ class RetainedHistory:
         """What rebuilds the history: ``segments`` (input, hidden state, random state, owed gradient, weights)."""
         versions: list[WeightVersion] = []
         for segment in self.segments:
-            version = segment.replay.version
+            version = _replay_of(segment).version
             if version is not None and all(version is not v for v in versions):
                 versions.append(version)
         segments = []
         for segment in self.segments:
-            replay = segment.replay
+            replay = _replay_of(segment)
             segments.append(
                 {
                     "start": segment.start,
@@ -306,7 +320,7 @@ class RetainedHistory:
             )
         return {
             "segments": segments,
-            "weights": [[t.clone() for t in self.versions.values(v)] for v in versions],
+            "weights": [[t.clone() for t in self._versions().values(v)] for v in versions] if versions else [],
             "current_weights": next((i for i, v in enumerate(versions) if not v.frozen), None),
         }
 
@@ -338,7 +352,7 @@ class RetainedHistory:
             for saved in state["segments"]:
                 if saved["version"] != loaded:
                     if loaded is not None:
-                        self.versions.freeze()
+                        self._versions().freeze()
                     load_weights(params, state["weights"][saved["version"]])
                     loaded = saved["version"]
                 self.append(self._rebuilt_segment(saved))
@@ -347,7 +361,7 @@ class RetainedHistory:
             raise
         finally:
             if loaded != state["current_weights"]:
-                self.versions.freeze()
+                self._versions().freeze()
                 load_weights(params, current)
 
     def _rebuilt_segment(self, saved: dict[str, Any]) -> Segment:

@@ -90,10 +90,15 @@ def divide_and_check(
         groups.setdefault((g.device, g.dtype, scaled), []).append(g)
     if divided:
         torch._foreach_div_(divided, divisor)
-    flags = []
+    flags: list[torch.Tensor] = []
     for (device, _, scaled), group in groups.items():
         carried = start is not None and not flags and start.device == device
-        found = into if carried and into is not None else (start if carried else _zero(device)).clone()
+        if carried and into is not None:
+            found = into
+        elif carried and start is not None:
+            found = start.clone()
+        else:
+            found = _zero(device).clone()
         scale = _inverse(device, divisor if scaled else 1)
         torch._amp_foreach_non_finite_check_and_unscale_(group, found, scale)
         flags.append(found)

@@ -12,7 +12,7 @@ write.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ def tensors_with_paths(tree: Any) -> list[tuple[str, torch.Tensor]]:
     return [(f"state{pytree.keystr(path)}", t) for path, t in leaves if isinstance(t, torch.Tensor)]
 
 
-def written_leaf(tree: Any, tensors: list[torch.Tensor], versions: list[int]) -> StateWrittenInPlace | None:
+def written_leaf(tree: Any, tensors: Sequence[torch.Tensor], versions: list[int]) -> StateWrittenInPlace | None:
     """The error for the first of ``tensors`` (``tree``'s, in ``flatten`` order) whose version moved, if any."""
     for t, version in zip(tensors, versions):
         if t._version != version:

@@ -5,7 +5,7 @@ that mean where the segment is its optimizer step's only window (``SegmentPlan.b
 its targets, ``n`` times the mean, which the optimizer step divides by the target count of all its windows
 (SPEC.md, "Normalisation"). Every backward pass starts from the loss multiplied by the ``GradScaler``'s scale,
 where there is one. The eager :class:`~ignite_tbptt.runtime.SegmentExecutor` and the window programs
-(:mod:`ignite_tbptt.runtime.window_programs`) both take their losses from here, so that a program gives the eager
+(:mod:`ignite_tbptt.runtime.programs.executor`) both take their losses from here, so that a program gives the eager
 path's gradients bit for bit.
 """
 
@@ -52,7 +52,8 @@ class LossRule:
             ValueError: if it returns a tensor of more than 0 dimensions, or one without a graph.
         """
         if not targets:
-            return sum(t.sum() for t in hs.flatten(predictions) if t.requires_grad) * 0.0
+            parts = [t.sum() for t in hs.flatten(predictions) if t.requires_grad]
+            return sum(parts[1:], parts[0]) * 0.0 if parts else torch.zeros(())
         if self.model_call.autocasts:
             with self.model_call.autocast():
                 return _checked(self.loss_fn(predictions, y))

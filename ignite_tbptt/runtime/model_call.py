@@ -128,7 +128,7 @@ class ModelCall:
                 else:
                     output = self._run(x, hidden, starts)
             else:
-                hooks = versions.hooks() if keep_weights else _NO_CONTEXT
+                hooks = versions.hooks() if keep_weights and versions is not None else _NO_CONTEXT
                 with self.autocast(), hooks, retainable(versions is not None):
                     output = self._run(x, hidden, starts)
         except RuntimeError as error:  # autograd stopped a write into a state tensor that requires grad
@@ -138,7 +138,9 @@ class ModelCall:
                     raise found from error
             raise
         if tensors and list(map(_VERSION, tensors)) != counters_before:
-            raise written_leaf(hidden, tensors, counters_before)
+            written = written_leaf(hidden, tensors, counters_before)
+            if written is not None:
+                raise written
         if not isinstance(output, (tuple, list)) or len(output) != 2:
             raise TypeError(
                 "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "

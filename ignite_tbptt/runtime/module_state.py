@@ -97,9 +97,9 @@ class ModuleState:
         def call(model: torch.nn.Module, x: Any, hidden: Any) -> tuple[Any, dict[str, Any]]:
             self.write(None if hidden is None else hidden["modules"])
             y_pred, returned = inner(model, x, None if hidden is None else hidden["returned"])
-            state = {"modules": self.read(), "returned": returned}
-            self.write({path: _detached(value) for path, value in state["modules"].items()})
-            return y_pred, state
+            modules = self.read()
+            self.write({path: _detached(value) for path, value in modules.items()})
+            return y_pred, {"modules": modules, "returned": returned}
 
         return call
 

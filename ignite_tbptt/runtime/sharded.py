@@ -25,14 +25,17 @@ Source: PyTorch's FSDP2 documentation (``torch.distributed.fsdp.fully_shard``, `
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["is_sharded", "fsdp_modules", "reduce_gradients_by_sum", "unsharded_storages", "gathered"]
 
 
-def is_sharded(t: Any) -> bool:
+def is_sharded(t: Any) -> TypeGuard[DTensor]:
     """Whether ``t`` is a ``DTensor`` (a parameter FSDP2 sharded)."""
     dtensor = _dtensor_type()
     return dtensor is not None and isinstance(t, dtensor)
@@ -78,7 +81,7 @@ def unsharded_storages(model: torch.nn.Module, trained: set[int]) -> dict[int, A
     return found
 
 
-def gathered(shard: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def gathered(shard: torch.Tensor, like: DTensor) -> torch.Tensor:
     """The unsharded tensor of ``shard``, this process's piece of the sharded parameter ``like``: one all-gather."""
     from torch.distributed.tensor import DTensor
 

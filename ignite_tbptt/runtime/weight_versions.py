@@ -35,13 +35,16 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.autograd.graph import saved_tensors_hooks
 
 from .compiled import never_traced
 from .sharded import gathered, is_sharded, unsharded_storages
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = ["WeightVersion", "ParameterVersions"]
 
@@ -95,7 +98,8 @@ class _SavedParameter:
     __slots__ = ("version", "tensor", "saved", "at_freeze", "frozen", "__weakref__")
 
     def __init__(self, version: WeightVersion, tensor: torch.Tensor) -> None:
-        self.version, self.tensor, self.saved, self.at_freeze = version, tensor, tensor._version, None
+        self.version, self.tensor, self.saved = version, tensor, tensor._version
+        self.at_freeze: int | None = None  # the version counter when its weights were frozen
         self.frozen: torch.Tensor | None = None  # the view into the copy, made on the first unpack after freezing
         version.records.append(weakref.ref(self))
 
@@ -117,7 +121,7 @@ class _SavedShard:
 
     __slots__ = ("version", "tensor", "parameter", "frozen")
 
-    def __init__(self, version: WeightVersion, tensor: torch.Tensor, parameter: torch.Tensor) -> None:
+    def __init__(self, version: WeightVersion, tensor: torch.Tensor, parameter: DTensor) -> None:
         self.version, self.tensor, self.parameter = version, tensor, parameter
         self.frozen: torch.Tensor | None = None
 
@@ -172,7 +176,8 @@ class ParameterVersions:
         self._storages = {_key(p) for p in params if not sharded or not is_sharded(p)}
         # FSDP2 makes the unsharded tensors at its first gather, inside the first forward pass: looked up again then.
         self._trained_shards = {id(p) for p in params if is_sharded(p)} if sharded else set()
-        self._unsharded = unsharded_storages(self._model, self._trained_shards) if sharded else None
+        model = self._model
+        self._unsharded = unsharded_storages(model, self._trained_shards) if model is not None and sharded else None
         never_traced(ParameterVersions._pack, _unpack, _SavedParameter.__init__, _SavedParameter.unpack, _key, _view)
         return saved_tensors_hooks(self._pack, _unpack)
 
@@ -198,9 +203,9 @@ class ParameterVersions:
         params = list(self._parameters())
         if version.copies is None:
             return [p.detach() for p in params]
-        return [_value(version, p) for p in params]
+        return [_value(version.copies, version.shards, p) for p in params]
 
-    def _pack(self, tensor: torch.Tensor) -> _SavedParameter | tuple[torch.Tensor, int]:
+    def _pack(self, tensor: torch.Tensor) -> _SavedParameter | _SavedShard | tuple[torch.Tensor, int]:
         # detach(): the record must not hold the tensor's grad_fn, or an output saved by its own node forms a
         # reference cycle through C++ that Python's collector cannot break. The alias shares the version counter.
         if self._unsharded is not None and is_sharded(tensor):
@@ -210,27 +215,29 @@ class ParameterVersions:
             return _SavedParameter(self.current, alias)
         if self._unsharded is not None:
             storage = tensor.untyped_storage()._cdata
-            if storage not in self._unsharded and len(self._unsharded) < len(self._trained_shards):
-                self._unsharded = unsharded_storages(self._model, self._trained_shards)
+            model = self._model  # not None: hooks() sets _unsharded only with a model
+            missing = storage not in self._unsharded and len(self._unsharded) < len(self._trained_shards)
+            if missing and model is not None:
+                self._unsharded = unsharded_storages(model, self._trained_shards)
             if storage in self._unsharded:
                 return _SavedShard(self.current, alias, self._unsharded[storage].sharded_param)
         return alias, alias._version  # a plain tuple: activations are most of what is saved
 
 
-def _value(version: WeightVersion, p: torch.Tensor) -> torch.Tensor:
+def _value(copies: dict[int, torch.UntypedStorage], shards: dict[int, torch.Tensor], p: torch.Tensor) -> torch.Tensor:
     # A frozen version's value of p: a view into the copy, or (sharded) the kept shard as the parameter's DTensor.
     if not p.numel():
         return p.detach()
-    if not is_sharded(p):
-        return _view(version.copies[_key(p)], p)
-    from torch.distributed.tensor import DTensor
+    if is_sharded(p):
+        from torch.distributed.tensor import DTensor
 
-    shard = version.shards[id(p)]
-    return DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+        shard = shards[id(p)]
+        return DTensor.from_local(shard, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
+    return _view(copies[_key(p)], p)
 
 
 def _unpack(saved: _SavedParameter | _SavedShard | tuple[torch.Tensor, int]) -> torch.Tensor:
-    if type(saved) is tuple:
+    if isinstance(saved, tuple):
         tensor, version = saved
         if tensor._version != version:
             raise RuntimeError(_MODIFIED_ACTIVATION.format(saved=version, now=tensor._version))

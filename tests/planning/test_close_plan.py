@@ -52,7 +52,7 @@ def test_each_retained_step_from_the_cut_is_swept_once_and_kept_while_a_later_wi
         if any(s < close.start for s in retained):
             assert close.cut in swept
         for step in close.sweep:
-            assert step.index == retained.index(step.start)
+            assert step.segment == retained.index(step.start)
             assert step.own_loss_only == (close.start <= step.start < close.cut)  # k2 < k1: its own loss only
             assert step.passes_on == (step.start > close.cut)
             assert step.retain == (next_cut is not None and step.start >= next_cut)
