@@ -14,7 +14,10 @@ delay cannot teach that, a longer one can.
 
 Run::
 
-    python -m ignite_tbptt.examples.decoder --length 2000
+    python -m ignite_tbptt.examples.decoder                        # about 8 s on 2 CPU cores
+    python -m ignite_tbptt.examples.decoder --logdir runs/decoder  # and its TensorBoard curves
+
+Its figures, and the command that measures their spread: docs/examples/decoder.md.
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
 the training are in ``_decoder``, whose names it forwards (``decoder.Decoder``, ``decoder.decode``...).

@@ -18,9 +18,10 @@ its PyTorch scan (``python -m ignite_tbptt.examples.mamba_lm``).
 
 Run::
 
-    python -m ignite_tbptt.examples.fla_lm --arch gla                        # a CUDA device
-    python -m ignite_tbptt.examples.fla_lm --arch gla --reset-every-window   # the same model on independent chunks
-    python -m ignite_tbptt.examples.fla_lm --compare --seconds 60            # fla both ways, LSTM, Mamba2: 60 s each
+    python -m ignite_tbptt.examples.fla_lm --arch gla                       # a CUDA device
+    python -m ignite_tbptt.examples.fla_lm --arch gla --reset-every-window  # the same model on independent chunks
+    python -m ignite_tbptt.examples.fla_lm --compare --seconds 60           # fla both ways, LSTM, Mamba2: 60 s each
+    python -m ignite_tbptt.examples.fla_lm --compare --logdir runs/fla      # and each model's TensorBoard curves
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the models and
 the training are in ``_fla_lm``, whose names it forwards (``fla_lm.build_model``, ``fla_lm.contenders``...).

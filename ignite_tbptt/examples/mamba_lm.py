@@ -15,9 +15,12 @@ chunks, a gain of 0.06-0.15 bits with every seed (docs/howto/mamba2.md).
 
 Run::
 
-    python -m ignite_tbptt.examples.mamba_lm                        # about a minute on 2 CPU cores
-    python -m ignite_tbptt.examples.mamba_lm --reset-every-window   # the same model on independent chunks
-    python -m ignite_tbptt.examples.mamba_lm --quick                # a few seconds: the CI test's size
+    python -m ignite_tbptt.examples.mamba_lm                       # about a minute on 2 CPU cores
+    python -m ignite_tbptt.examples.mamba_lm --reset-every-window  # the same model on independent chunks
+    python -m ignite_tbptt.examples.mamba_lm --quick               # a few seconds: the CI test's size
+    python -m ignite_tbptt.examples.mamba_lm --logdir runs/mamba   # and its TensorBoard curves
+
+Its figures, and the command that measures their spread: docs/examples/mamba_lm.md.
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
 the training are in ``_mamba_lm``, whose names it forwards (``mamba_lm.build_model``, ``mamba_lm.load_data``...).

@@ -19,7 +19,10 @@ the validation bits per character of each:
 
 Run::
 
-    python -m ignite_tbptt.examples.memory_transformer      # about 3 minutes on 2 CPU cores
+    python -m ignite_tbptt.examples.memory_transformer                    # about 11 minutes on 2 busy CPU cores
+    python -m ignite_tbptt.examples.memory_transformer --logdir runs/rmt  # and the three runs' TensorBoard curves
+
+Its figures, and the command that measures their spread: docs/examples/memory_transformer.md.
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
 the training are in ``_memory_transformer``, whose names it forwards (``memory_transformer.MemoryTransformer``...).

@@ -16,7 +16,10 @@ frame) and chance; its page in the docs (docs/examples/spiking_vowels.md) compar
 
 Run::
 
-    python -m ignite_tbptt.examples.spiking_vowels          # about 30 s on 2 CPU cores
+    python -m ignite_tbptt.examples.spiking_vowels                        # about 20 s on 2 CPU cores
+    python -m ignite_tbptt.examples.spiking_vowels --logdir runs/spiking  # and both models' TensorBoard curves
+
+Its figures, and the command that measures their spread: docs/examples/spiking_vowels.md.
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
 the training are in ``_spiking_vowels``, whose names it forwards

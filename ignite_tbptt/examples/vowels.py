@@ -17,7 +17,10 @@ trained without memory (its hidden state reset at every frame), which shows what
 
 Run::
 
-    python -m ignite_tbptt.examples.vowels                  # about a minute on 2 CPU cores
+    python -m ignite_tbptt.examples.vowels                       # about 25 s on 2 CPU cores
+    python -m ignite_tbptt.examples.vowels --logdir runs/vowels  # and both models' TensorBoard curves
+
+Its figures, and the command that measures their spread: docs/examples/vowels.md.
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
 the training are in ``_vowels``, whose names it forwards (``vowels.SpeakerGRU``, ``vowels.load_vowels``...).

@@ -11,8 +11,11 @@ same number of optimizer steps and prints the validation bits per character of e
 
 Run::
 
-    python -m ignite_tbptt.examples.xlstm_lm                 # about 1.5 minutes on 2 CPU cores
-    python -m ignite_tbptt.examples.xlstm_lm --show-error    # what xLSTMLarge's own forward meets
+    python -m ignite_tbptt.examples.xlstm_lm                      # 2-6 minutes on 2 CPU cores, both runs
+    python -m ignite_tbptt.examples.xlstm_lm --logdir runs/xlstm  # and both runs' TensorBoard curves
+    python -m ignite_tbptt.examples.xlstm_lm --show-error         # what xLSTMLarge's own forward meets
+
+Its figures, and the command that measures their spread: docs/examples/xlstm_lm.md.
 
 This module reads the options, and refuses one that cannot be right before anything loads; the data, the model and
 the training are in ``_xlstm_lm``, whose names it forwards (``xlstm_lm.build_model``, ``xlstm_lm.xlstm_model_fn``).

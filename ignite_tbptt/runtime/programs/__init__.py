@@ -1,0 +1,44 @@
+"""The graph wing: windows, optimizer steps and batches run as programs over static buffers (``cuda_graphs``).
+
+A program is a body of tensor operations on static buffers that runs eagerly every time (``"uncaptured"``), is
+captured once in a CUDA graph and replayed (``True``, :mod:`.capture`), or is recorded operator by operator and
+replayed under capture's rules on any device (``"replayed"``, :mod:`.replayed_capture`). :class:`ProgramExecutor`
+(:mod:`.executor`), the second executor, runs a window that is one model call paid at once, or several calls, or one
+that reaches back (k2 > k1), as a :class:`SweepProgram` (:mod:`.sweep`); the optimizer step after it as a
+:class:`StepProgram` (:mod:`.step`); and the rest of a batch, where no handler needs the host between windows, as
+one :class:`BatchProgram` (:mod:`.batch`). Programs are kept by shape in a :class:`ProgramCache` (:mod:`.cache`),
+which counts captures, replays, warm-ups and eager windows (:class:`ProgramCounts`). Modules here import the rest
+of :mod:`ignite_tbptt.runtime` and :mod:`ignite_tbptt.planning`; the runtime imports this package only in its own
+``__init__``.
+"""
+
+from .batch import BatchProgram, BatchResults, BatchWindow
+from .cache import ProgramCache, ProgramCounts
+from .capture import GraphCapture, GraphCaptureError, Program
+from .executor import Execution, ProgramExecutor, build_executor
+from .replayed_capture import GraphReplayError, ReplayedCapture
+from .step import StaticGradients, StepHandler, StepHandlers, StepProgram, StepPrograms
+from .sweep import SwappedWeights, SweepProgram
+
+__all__ = [
+    "Execution",
+    "build_executor",
+    "ProgramExecutor",
+    "SweepProgram",
+    "SwappedWeights",
+    "StepPrograms",
+    "StepProgram",
+    "StepHandler",
+    "StepHandlers",
+    "StaticGradients",
+    "BatchProgram",
+    "BatchResults",
+    "BatchWindow",
+    "Program",
+    "GraphCapture",
+    "GraphCaptureError",
+    "ReplayedCapture",
+    "GraphReplayError",
+    "ProgramCache",
+    "ProgramCounts",
+]
