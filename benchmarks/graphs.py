@@ -22,7 +22,7 @@ A second table times windows that reach back, TBPTT(5, 10) and per-token TBPTT(1
 - ``hand, exact, captured``: each window captured in one graph, the retained steps run again from the state at the
   cut with the weights they ran with (a ring of inputs and weights shifted inside the graph), the SGD step included:
   the floor for k2 > k1, nothing checked (CUDA only);
-- ``ours`` and ``ours, cuda_graphs`` (sweep programs, :mod:`ignite_tbptt.runtime.sweep_programs`).
+- ``ours`` and ``ours, cuda_graphs`` (sweep programs, :mod:`ignite_tbptt.runtime.programs.sweep`).
 
 A third table gives the programs each ``cuda_graphs`` row kept (window, batch and step programs: one graph each
 when captured) and, on CUDA, the memory they hold while the trainer lives (their graphs' pool, static buffers and
@@ -44,7 +44,7 @@ from benchmarks import methods
 from benchmarks.overhead import make_batches
 from benchmarks.report import markdown_table, rotated, write_page
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
-from ignite_tbptt.runtime.sweep_programs import rnn_weights_kept
+from ignite_tbptt.runtime.programs.sweep import rnn_weights_kept
 
 K = 5
 #: The schedules of windows that reach back.

@@ -218,7 +218,7 @@ def test_how_windows_run_is_decided_once():
     executions = {
         str(p.relative_to(PACKAGE)) for p in MODULES if "Execution." in p.read_text() and p.name != "__init__.py"
     }
-    assert executions == {"engine/trainer.py", "runtime/window_programs.py"}
+    assert executions == {"engine/trainer.py", "runtime/programs/executor.py"}
     readers = {
         str(p.relative_to(PACKAGE))
         for p in MODULES
@@ -227,7 +227,7 @@ def test_how_windows_run_is_decided_once():
     }
     # The plans' replayable: read by the second executor, and by the loop's check that the rest of a batch can run
     # as one batch program.
-    assert readers == {"runtime/window_programs.py", "engine/stream_loop.py", "engine/batch_at_once.py"}, readers
+    assert readers == {"runtime/programs/executor.py", "engine/stream_loop.py", "engine/batch_at_once.py"}, readers
 
 
 def test_the_engine_imports_the_runtime_through_its_public_names():

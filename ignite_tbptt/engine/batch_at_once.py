@@ -1,6 +1,6 @@
 """Whether a batch's windows run as one batch program, and the program's run; the host then walks the batch.
 
-:func:`run_at_once` checks what :mod:`ignite_tbptt.runtime.batch_programs` lists, plans the batch's windows with a
+:func:`run_at_once` checks what :mod:`ignite_tbptt.runtime.programs.batch` lists, plans the batch's windows with a
 copy of the stream's planner (the trainer's own decisions, made again on the side), runs them and their optimizer
 steps as one program, and returns the program's results. :meth:`StreamLoop.run_batch
 <ignite_tbptt.engine.stream_loop.StreamLoop.run_batch>` then walks those windows from the results: the stream's

@@ -117,7 +117,7 @@ class EventFiring:
     def fire_first(self, index: int, count: int) -> None:
         """Fire ``events[index]`` to its first ``count`` handlers only, as ``Engine._fire_event`` fires to all.
 
-        The others run elsewhere (inside a step program: :mod:`ignite_tbptt.runtime.step_programs`).
+        The others run elsewhere (inside a step program: :mod:`ignite_tbptt.runtime.programs.step`).
         """
         engine = self.engine
         engine.last_event_name = self.events[index]

@@ -53,7 +53,7 @@ class LoopListener(Protocol):
     def quiet_step_handlers(self) -> StepHandlers | None:
         """The step's handlers, if no handler listens to a window's or a step's events on the host; else ``None``.
 
-        Then a batch's windows may run as one program (:mod:`ignite_tbptt.runtime.batch_programs`).
+        Then a batch's windows may run as one program (:mod:`ignite_tbptt.runtime.programs.batch`).
         """
 
     def step_started(self, targets: int, in_program: int = 0) -> None:

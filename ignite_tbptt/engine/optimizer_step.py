@@ -19,7 +19,7 @@ every later step is skipped too, and :meth:`OptimizerStep.take_failure` reads al
 trainer reads its iteration's output anyway. Any other optimizer costs one read per step, before it steps.
 
 With window programs (``cuda_graphs``), a step of such an optimizer runs as a step program
-(:mod:`ignite_tbptt.runtime.step_programs`): the same operations, captured in a CUDA graph on a GPU, its decision
+(:mod:`ignite_tbptt.runtime.programs.step`): the same operations, captured in a CUDA graph on a GPU, its decision
 kept on the device on the CPU too.
 """
 
@@ -137,7 +137,7 @@ class OptimizerStep:
             handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, where the step may run as a step program (window
                 programs, no retained segment); ``None`` for an eager step. :attr:`in_program` says whether it does:
                 then the handlers ``on_device`` run inside :meth:`apply`, and the others must run before it.
-            taken: a batch program took the step (:mod:`ignite_tbptt.runtime.batch_programs`): its decision
+            taken: a batch program took the step (:mod:`ignite_tbptt.runtime.programs.batch`): its decision
                 (``None`` with a scaler) and its handlers' outputs, which :meth:`apply` hands on.
 
         Returns:

@@ -93,7 +93,7 @@ class StreamLoop:
         carry_hidden: whether the batches of an epoch are pieces of one stream.
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
         recompute: the most steps a rebuilt segment may have in recomputation mode, or ``None``.
-        execution: how windows run: eagerly, or as window programs (:mod:`ignite_tbptt.runtime.window_programs`).
+        execution: how windows run: eagerly, or as window programs (:mod:`ignite_tbptt.runtime.programs.executor`).
 
     Raises:
         ValueError: as :meth:`use_source`.

@@ -3,7 +3,7 @@
 The stream loop runs a window segment by segment, and the eager executor backpropagates it in a sweep when it
 closes. Where windows run as programs (``cuda_graphs``), a window that is more than one model call paid at once (a
 sequence start splits it, a later cut splits it, or it reaches back into retained segments) runs whole as one sweep
-program (:mod:`~ignite_tbptt.runtime.sweep_programs`) as it opens; the loop then takes its segments' results as it
+program (:mod:`~ignite_tbptt.runtime.programs.sweep`) as it opens; the loop then takes its segments' results as it
 takes an eager segment's, and its close only drops what no later window reaches.
 """
 

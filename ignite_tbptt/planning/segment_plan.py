@@ -76,7 +76,7 @@ class SegmentPlan(NamedTuple):
     detaches_predictions: bool
     #: The segment is a whole window paid at once of which the sweep keeps nothing: a window program (CUDA graphs)
     #: may run it, since nothing of it outlives its one call. (Other windows of a source whose windows are
-    #: replayable run as sweep programs, :mod:`ignite_tbptt.runtime.sweep_programs`.)
+    #: replayable run as sweep programs, :mod:`ignite_tbptt.runtime.programs.sweep`.)
     replayable: bool
 
 

@@ -3,24 +3,22 @@
 The executor (:class:`SegmentExecutor`) runs one segment as its :class:`~ignite_tbptt.planning.SegmentPlan` says:
 the model call (:class:`ModelCall`), the segment's loss paid at once or owed to its window (:class:`LossRule`), and
 what the stream's :class:`RetainedHistory` keeps for the window's backward sweep. The second executor
-(:class:`ProgramExecutor`, ``cuda_graphs``) runs the plans that say ``replayable`` as window programs, captured in
-CUDA graphs on a GPU, and the others as the first; :func:`build_executor` makes the one an :class:`Execution`
-names. With it, optimizer steps run as step programs (:class:`StepPrograms`) and a batch's windows as one batch
-program (:class:`BatchProgram`) where they can. Around them: the stream's state with its ``state_dict``
-(:class:`StreamState`), the weights retained graphs need across optimizer steps (:class:`ParameterVersions`), hidden
-states as trees of tensors and their per-column reset, the replay of a segment's random state for recomputation, the
-gradients' division and inf/NaN check at an optimizer step, what ``torch.compile`` and FSDP2 need, state kept in
-module attributes, and the refusal of a model that writes into the state it was given. Modules here import torch,
-:mod:`ignite_tbptt.planning` and each other, never ignite. A new kind of hidden state (how it is flattened,
-detached, reset) goes here.
+(:class:`ProgramExecutor`, ``cuda_graphs``, the subpackage :mod:`ignite_tbptt.runtime.programs`) runs the plans that
+say ``replayable`` as window programs, captured in CUDA graphs on a GPU, and the others as the first;
+:func:`build_executor` makes the one an :class:`Execution` names. With it, optimizer steps run as step programs
+(:class:`StepPrograms`) and a batch's windows as one batch program (:class:`BatchProgram`) where they can. Around
+them: the stream's state with its ``state_dict`` (:class:`StreamState`), the weights retained graphs need across
+optimizer steps (:class:`ParameterVersions`), hidden states as trees of tensors and their per-column reset, the
+replay of a segment's random state for recomputation, the gradients' division and inf/NaN check at an optimizer
+step, what ``torch.compile`` and FSDP2 need, state kept in module attributes, and the refusal of a model that writes
+into the state it was given. Modules here import torch, :mod:`ignite_tbptt.planning` and each other, never ignite. A
+new kind of hidden state (how it is flattened, detached, reset) goes here.
 """
 
 from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
-from .batch_programs import BatchProgram, BatchResults, BatchWindow
 from .compiled import retainable
 from .executor import SegmentExecutor, SegmentResult
 from .gradients import divide_and_check, skips_on_device
-from .graph_capture import GraphCapture, GraphCaptureError, Program
 from .hidden import cat as join_along
 from .in_place import StateWrittenInPlace
 from .loss_rule import LossRule
@@ -28,15 +26,31 @@ from .loss_sum import LossSum
 from .model_call import ModelCall, autocast_for, build_model_call, default_model_fn, device_type_of
 from .module_state import ModuleState, attributes_with_graph, check_attributes
 from .profiling import profiled, profiling
-from .program_cache import ProgramCache, ProgramCounts
+from .programs import (
+    BatchProgram,
+    BatchResults,
+    BatchWindow,
+    Execution,
+    GraphCapture,
+    GraphCaptureError,
+    Program,
+    ProgramCache,
+    ProgramCounts,
+    ProgramExecutor,
+    StaticGradients,
+    StepHandler,
+    StepHandlers,
+    StepProgram,
+    StepPrograms,
+    SwappedWeights,
+    SweepProgram,
+    build_executor,
+)
 from .reset import check_resettable, default_reset_hidden, reset_to
 from .rng import refuse_own_dropout_state
 from .sharded import is_sharded, reduce_gradients_by_sum
-from .step_programs import StaticGradients, StepHandler, StepHandlers, StepProgram, StepPrograms
 from .stream import StreamState
-from .sweep_programs import SwappedWeights, SweepProgram
 from .weight_versions import ParameterVersions, WeightVersion
-from .window_programs import Execution, ProgramExecutor, build_executor
 
 __all__ = [
     "SegmentExecutor",

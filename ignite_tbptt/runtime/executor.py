@@ -5,7 +5,7 @@ do with each segment, and the process function fires ignite's events around it; 
 carries the plan out: the model call, the segment's per-token backward or the loss gradient it owes to its window's
 backward sweep, what the retained history keeps, and the sweep when the window closes. As in
 ``torch.distributed.pipelining``, where a schedule is data and one runtime executes it, a second executor runs the
-same plans: :class:`~ignite_tbptt.runtime.window_programs.ProgramExecutor` (``cuda_graphs``) runs the plans that say
+same plans: :class:`~ignite_tbptt.runtime.programs.executor.ProgramExecutor` (``cuda_graphs``) runs the plans that say
 ``replayable`` as window programs and the others as this one does.
 """
 
@@ -54,7 +54,7 @@ class SegmentExecutor:
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
     """
 
-    #: Whether windows run as window programs (the second executor, :mod:`ignite_tbptt.runtime.window_programs`).
+    #: Whether windows run as window programs (the second executor, :mod:`ignite_tbptt.runtime.programs.executor`).
     runs_programs = False
 
     def __init__(

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ignite_tbptt.runtime import GraphCapture
-from ignite_tbptt.runtime.replayed_capture import ReplayedCapture
+from ignite_tbptt.runtime.programs.replayed_capture import ReplayedCapture
 
 from . import program_mode as pm
 

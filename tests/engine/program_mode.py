@@ -2,7 +2,8 @@
 
 The tests of ``cuda_graphs`` write ``programs(True)`` where a GPU captures; the ``program_mode`` fixture
 (``tests/engine/conftest.py``) runs each of them twice on the CPU: ``"uncaptured"`` (the programs' Python every
-window) and ``"replayed"`` (recorded once, replayed without their Python: ``ignite_tbptt.runtime.replayed_capture``).
+window) and ``"replayed"`` (recorded once, replayed without their Python:
+``ignite_tbptt.runtime.programs.replayed_capture``).
 """
 
 import torch

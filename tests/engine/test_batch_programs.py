@@ -14,7 +14,7 @@ from ignite.engine import Events
 from ignite.handlers import LRScheduler
 
 from ignite_tbptt import GradientClipping, TBPTTEvents, count_targets, create_tbptt_trainer
-from ignite_tbptt.runtime import batch_programs
+from ignite_tbptt.runtime.programs import batch as batch_programs
 
 from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
 from .test_step_programs import fused_adam, fused_sgd, poisoned_at

@@ -23,7 +23,10 @@ from ignite_tbptt import (
     count_targets,
     create_tbptt_trainer,
 )
-from ignite_tbptt.runtime import batch_programs, model_call, sweep_programs, window_programs
+from ignite_tbptt.runtime import model_call
+from ignite_tbptt.runtime.programs import batch as batch_programs
+from ignite_tbptt.runtime.programs import executor as program_executor
+from ignite_tbptt.runtime.programs import sweep as sweep_programs
 
 from .program_mode import assert_replayed, mode, programs
 
@@ -266,7 +269,7 @@ def test_a_grad_scaler_scales_each_program_backward(device):
 def test_shapes_past_the_limit_run_eagerly(device):
     data = [batches(length=length, count=1, seed=length)[0] for length in (25, 23, 22, 21)]
     eager, _, _ = train(False, data, carry_hidden=False)
-    with mock.patch.object(window_programs.ProgramExecutor, "__init__", _limited(2)):
+    with mock.patch.object(program_executor.ProgramExecutor, "__init__", _limited(2)):
         graphed_model, trainer, runs = train(True, data, carry_hidden=False)
     assert_same(eager, graphed_model, device)
     # Shapes of 5 steps and of 3 steps (25 % 5 = 0, 23 % 5 = 3) are programs; 2 and 1 steps run eagerly.
@@ -274,7 +277,7 @@ def test_shapes_past_the_limit_run_eagerly(device):
 
 
 def _limited(limit):
-    original = window_programs.ProgramExecutor.__init__
+    original = program_executor.ProgramExecutor.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **{**kwargs, "limit": limit})
@@ -542,7 +545,7 @@ def test_shapes_past_the_limit_drop_the_least_recently_used_program_and_windows_
     options = {"carry_hidden": True, "k2": 10}
     eager, _, _ = train(False, data, **options)
     model, trainer, _ = train(True, data, **options)
-    with mock.patch.dict(window_programs.ProgramExecutor.__init__.__kwdefaults__, {"limit": 1000}):
+    with mock.patch.dict(program_executor.ProgramExecutor.__init__.__kwdefaults__, {"limit": 1000}):
         _, unlimited, _ = train(True, data, **options)
     for p, q in zip(eager.parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-12, atol=1e-12)

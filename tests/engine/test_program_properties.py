@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from ignite_tbptt import count_targets, create_tbptt_trainer
-from ignite_tbptt.runtime.replayed_capture import ReplayedCapture
+from ignite_tbptt.runtime.programs.replayed_capture import ReplayedCapture
 
 from .test_cuda_graphs import CharModel, loss_fn, summed_over_count
 

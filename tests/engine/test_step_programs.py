@@ -15,8 +15,9 @@ from ignite.engine import Events
 from ignite.handlers import LRScheduler, PiecewiseLinear, create_lr_scheduler_with_warmup
 
 from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
-from ignite_tbptt.runtime import batch_programs, step_programs
-from ignite_tbptt.runtime.replayed_capture import GraphReplayError
+from ignite_tbptt.runtime.programs import batch as batch_programs
+from ignite_tbptt.runtime.programs import step as step_programs
+from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError
 
 from .program_mode import assert_replayed, mode
 from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs

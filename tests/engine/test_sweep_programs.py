@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from ignite_tbptt import GradientReach, count_targets, create_tbptt_trainer
-from ignite_tbptt.runtime import sweep_programs
+from ignite_tbptt.runtime.programs import sweep as sweep_programs
 
 from .test_cuda_graphs import (
     CharModel,

@@ -16,7 +16,7 @@ It applies to a batch where all of these hold (the loop checks them; otherwise t
 - no handler listens to the events of a window or a step (``TBPTTEvents``, ``Tbptt_Events``), but for handlers of
   ``OPTIMIZER_STEP_STARTED`` that run inside the step (:class:`~ignite_tbptt.GradientClipping`): a handler on the
   host would see the model after the whole batch;
-- the optimizer's steps can run as step programs (:mod:`~ignite_tbptt.runtime.step_programs`), and ``zero_grad`` is
+- the optimizer's steps can run as step programs (:mod:`~ignite_tbptt.runtime.programs.step`), and ``zero_grad`` is
   torch's own;
 - the predictions are not kept for ``output_transform``, and there is no ``GradScaler`` (whether it skipped a step
   is read after each step, to restart a hidden state that overflowed, as eagerly);
@@ -38,9 +38,9 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils import _pytree as pytree
 
-from . import hidden as hs
-from .graph_capture import Program
-from .step_programs import StepHandler, StepPrograms
+from .. import hidden as hs
+from .capture import Program
+from .step import StepHandler, StepPrograms
 
 __all__ = ["BatchWindow", "BatchProgram", "BatchResults"]
 

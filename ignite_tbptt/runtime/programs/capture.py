@@ -1,7 +1,7 @@
 """A program: a body of tensor operations on static buffers, run eagerly or captured once in a CUDA graph and replayed.
 
-Window programs (:mod:`~ignite_tbptt.runtime.window_programs`) and step programs
-(:mod:`~ignite_tbptt.runtime.step_programs`) are both bodies of this kind: they read their inputs from buffers
+Window programs (:mod:`~ignite_tbptt.runtime.programs.executor`) and step programs
+(:mod:`~ignite_tbptt.runtime.programs.step`) are both bodies of this kind: they read their inputs from buffers
 written before each run and leave their results in tensors read right after it. Uncaptured, a :class:`Program` runs
 its body every time, on any device: the same operations on the same buffers, which is how programs are tested on
 the CPU. Captured, it runs its body eagerly ``warmup`` times on a side stream (what a captured body needs must exist
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .profiling import NO_CONTEXT
-from .program_cache import ProgramCounts
+from ..profiling import NO_CONTEXT
+from .cache import ProgramCounts
 
 __all__ = ["GraphCapture", "Program", "GraphCaptureError", "kept"]
 

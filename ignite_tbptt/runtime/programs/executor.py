@@ -6,7 +6,7 @@ replay is a window whose whole course is fixed before it runs: a window that ope
 whose loss is backpropagated at once and of which nothing is retained (its plan says
 :attr:`~ignite_tbptt.planning.SegmentPlan.replayable`; at k1 = k2, every window of a stream but the first), with the
 hidden-state reset of columns that start a sequence at its first step as a mask. Such a window is a sweep program
-of one call that reaches nothing (:mod:`~ignite_tbptt.runtime.sweep_programs`): its input, targets, hidden state
+of one call that reaches nothing (:mod:`~ignite_tbptt.runtime.programs.sweep`): its input, targets, hidden state
 and reset mask are copied into static buffers, the model, the loss (with ``target_count_fn``'s count, on the device)
 and the backward pass run on them, and the window's gradients (the program's outputs) are added into the
 parameters' static ``.grad`` buffers after each run as autograd's backward pass would add them, once its target
@@ -15,8 +15,8 @@ several model calls, or one that reaches back (k2 > k1), whole as a sweep progra
 it opens (:func:`~ignite_tbptt.engine.window_at_once.run_window`), which returns its segments' results to the
 stream loop; every other window (the first windows of a stream, windows the batch ends inside) as the eager
 :class:`~ignite_tbptt.runtime.SegmentExecutor` does. The optimizer step that follows a window is a step program
-where it can be (:mod:`~ignite_tbptt.runtime.step_programs`), else eager; where no handler needs the host between
-windows, the rest of a batch runs as one batch program (:mod:`~ignite_tbptt.runtime.batch_programs`), whose results
+where it can be (:mod:`~ignite_tbptt.runtime.programs.step`), else eager; where no handler needs the host between
+windows, the rest of a batch runs as one batch program (:mod:`~ignite_tbptt.runtime.programs.batch`), whose results
 the stream loop walks window by window.
 
 Captured (``capture=True``, ``cuda_graphs=True`` on CUDA), a program runs eagerly ``warmup`` times on a side
@@ -37,22 +37,22 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..planning import ClosePlan, SegmentPlan
-from . import hidden as hs
-from . import rng
-from .backward_sweep import Replay, Segment
-from .batch_programs import BatchProgram, BatchResults
-from .executor import SegmentExecutor, SegmentResult
-from .graph_capture import GraphCapture
-from .loss_rule import LossRule
-from .model_call import ModelCall
-from .module_state import repoint_caches
-from .profiling import profiling
-from .program_cache import ProgramCache, ProgramCounts
+from ...planning import ClosePlan, SegmentPlan
+from .. import hidden as hs
+from .. import rng
+from ..backward_sweep import Replay, Segment
+from ..executor import SegmentExecutor, SegmentResult
+from ..loss_rule import LossRule
+from ..model_call import ModelCall
+from ..module_state import repoint_caches
+from ..profiling import profiling
+from ..stream import StreamState
+from .batch import BatchProgram, BatchResults
+from .cache import ProgramCache, ProgramCounts
+from .capture import GraphCapture
 from .replayed_capture import ReplayedCapture
-from .step_programs import StaticGradients, StepPrograms, same_settings
-from .stream import StreamState
-from .sweep_programs import Call, CallPass, ReachWeights, SweepProgram, reach_of
+from .step import StaticGradients, StepPrograms, same_settings
+from .sweep import Call, CallPass, ReachWeights, SweepProgram, reach_of
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor"]
 
@@ -69,7 +69,7 @@ class Execution(enum.Enum):
     #: Replayable windows as window programs captured in CUDA graphs (``cuda_graphs=True``).
     CUDA_GRAPHS = "cuda_graphs"
     #: Programs recorded once and replayed without their Python, under capture's rules, on any device
-    #: (``cuda_graphs="replayed"``, :mod:`~ignite_tbptt.runtime.replayed_capture`).
+    #: (``cuda_graphs="replayed"``, :mod:`~ignite_tbptt.runtime.programs.replayed_capture`).
     REPLAYED = "replayed"
 
     def graph_capture(self, warmup: int = 3) -> GraphCapture | None:
@@ -141,8 +141,8 @@ class ProgramExecutor(SegmentExecutor):
             a program it runs on the device and is read after the window (under capture: after the replay).
         parameters: the optimizer's parameters, in its order.
         graphs: what captures each program after its warm-up runs (a CUDA graph's
-            :class:`~ignite_tbptt.runtime.graph_capture.GraphCapture`, or a
-            :class:`~ignite_tbptt.runtime.replayed_capture.ReplayedCapture`); ``None`` runs the same program
+            :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture`, or a
+            :class:`~ignite_tbptt.runtime.programs.replayed_capture.ReplayedCapture`); ``None`` runs the same program
             eagerly every window.
         gradients: the parameters' static ``.grad`` buffers, shared with the step programs (a new set if ``None``).
         counts: how the programs ran, shared with the step programs (new counts if ``None``).

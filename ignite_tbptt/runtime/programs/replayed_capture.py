@@ -45,7 +45,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .graph_capture import GraphCapture, GraphCaptureError
+from .capture import GraphCapture, GraphCaptureError
 
 __all__ = ["ReplayedCapture", "RecordedGraph", "GraphReplayError", "HOST_READS"]
 
@@ -323,7 +323,7 @@ class RecordedGraph:
 
 
 class ReplayedCapture(GraphCapture):
-    """A :class:`~ignite_tbptt.runtime.graph_capture.GraphCapture` that records on any device (``"replayed"``).
+    """A :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture` that records on any device (``"replayed"``).
 
     Args:
         warmup: eager runs of a program before it is captured, as on CUDA.

@@ -51,9 +51,9 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from torch.utils import _pytree as pytree
 
-from .gradients import divide_and_check, skips_on_device
-from .graph_capture import GraphCapture, Program
-from .program_cache import ProgramCache, ProgramCounts
+from ..gradients import divide_and_check, skips_on_device
+from .cache import ProgramCache, ProgramCounts
+from .capture import GraphCapture, Program
 from .replayed_capture import ReplayedCapture
 
 __all__ = ["StaticGradients", "StepHandler", "StepHandlers", "StepPrograms", "StepProgram"]
@@ -139,7 +139,7 @@ class StepPrograms:
     Args:
         optimizer: the optimizer; steps run as programs only if it skips its step on the device (``found_inf``).
         scaler: the ``GradScaler``, or ``None``.
-        capture: the trainer's :class:`~ignite_tbptt.runtime.graph_capture.GraphCapture`, or ``None`` to run the
+        capture: the trainer's :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture`, or ``None`` to run the
             programs uncaptured.
         limit: the most programs kept; a new kind of step drops the least recently used.
     """

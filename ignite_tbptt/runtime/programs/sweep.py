@@ -1,6 +1,6 @@
 """Sweep programs: a window, its model calls, its reach back (k2 > k1) and its backward sweep, as one program.
 
-A window program (:mod:`~ignite_tbptt.runtime.window_programs`), one model call paid at once, is the simplest: a
+A window program (:mod:`~ignite_tbptt.runtime.programs.executor`), one model call paid at once, is the simplest: a
 sweep program of one call that reaches nothing. The other windows the eager trainer runs as segments and a backward
 sweep (:mod:`~ignite_tbptt.runtime.backward_sweep`): a window that a sequence start splits (the reset falls between
 two model calls), one split where a later window's cut falls (k2 > k1 where ``k2 - k1`` is not a multiple of
@@ -24,7 +24,7 @@ state, weight version), not as graphs: a later window reaches them, a program or
 ``recompute`` does).
 
 A window runs as a sweep program where (the stream loop's :func:`~ignite_tbptt.engine.window_at_once.run_window`
-and :meth:`ProgramExecutor.run_sweep <ignite_tbptt.runtime.window_programs.ProgramExecutor.run_sweep>` check it):
+and :meth:`ProgramExecutor.run_sweep <ignite_tbptt.runtime.programs.executor.ProgramExecutor.run_sweep>` check it):
 
 - the batch holds all of it, and its gradient reach is not recorded;
 - the retained segments tile the steps from its cut to its start, and the cut has a state: a stream's first windows
@@ -51,12 +51,12 @@ from typing import Any, NamedTuple, Protocol
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from . import hidden as hs
-from . import rng
-from .backward_sweep import Replay, Segment
-from .graph_capture import GraphCapture, Program, kept
-from .model_call import ModelCall
-from .weight_versions import ParameterVersions, WeightVersion
+from .. import hidden as hs
+from .. import rng
+from ..backward_sweep import Replay, Segment
+from ..model_call import ModelCall
+from ..weight_versions import ParameterVersions, WeightVersion
+from .capture import GraphCapture, Program, kept
 
 __all__ = [
     "SweepProgram",
@@ -231,7 +231,8 @@ class CallPass(NamedTuple):
 class WindowCalls(Protocol):
     """What a sweep program runs its window's calls with: the program executor's model call, parameters and capture.
 
-    :class:`~ignite_tbptt.runtime.window_programs.ProgramExecutor` is the one; the protocol keeps this module below it.
+    :class:`~ignite_tbptt.runtime.programs.executor.ProgramExecutor` is the one; the protocol keeps this module
+    below it.
     """
 
     #: Runs the model on a call's steps.

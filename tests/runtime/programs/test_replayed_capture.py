@@ -12,9 +12,9 @@ from torch import nn
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime import GraphCaptureError, Program
-from ignite_tbptt.runtime.replayed_capture import GraphReplayError, ReplayedCapture
+from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError, ReplayedCapture
 
-from ..engine.test_cuda_graphs import CharModel, batches, loss_fn
+from ...engine.test_cuda_graphs import CharModel, batches, loss_fn
 
 pytestmark = pytest.mark.cpu_only("the recording replays on the device it recorded, checked here on the CPU")
 
