@@ -11,6 +11,7 @@ windows run one by one.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ def run_at_once(
     batch: BatchPlan,
     x: Any,
     y: Any,
-    resets: dict[int, torch.Tensor],
+    resets: Mapping[int, torch.Tensor | None],
     keep_predictions: bool,
     one_window_per_step: bool,
     out: Any,
@@ -58,16 +59,19 @@ def run_at_once(
         or profiling()
     ):
         return False
-    handlers = loop.listener.quiet_step_handlers()
+    listener = loop.listener
+    assert listener is not None, "the process function sets it before a run"
+    handlers = listener.quiet_step_handlers()
     if handlers is None:
         return False
-    planned = _windows(loop, batch, y, resets, one_window_per_step, executor.target_count_fn is not None)
+    number = listener.position()[3]  # the windows so far
+    planned = _windows(loop, batch, y, resets, one_window_per_step, executor.target_count_fn is not None, number)
     if planned is None:
         return False
     windows, divisors = planned
     _, settings = programs.ready(need_gradients=False)
     trained = [p.grad is not None for p in executor.trained]
-    key = (x.shape, x.dtype, y.shape, y.dtype, windows, tuple(h.key for h in handlers.on_device), tuple(trained))
+    key: tuple = (x.shape, x.dtype, y.shape, y.dtype, windows, tuple(h.key for h in handlers.on_device), tuple(trained))
     key += programs.identity()
 
     def make() -> BatchProgram:
@@ -90,7 +94,9 @@ def _walk(
     # The windows the program ran, walked as the host would have run them, from its results: the stream's position,
     # the windows' losses and counts, the counters, the events and the steps' decisions.
     planner, executor = loop.planner, loop.executor
-    taken = iter(zip(results.decisions or [None] * len(results.handled), results.handled))
+    # Each step's decision; none with a scaler.
+    decisions: Sequence[torch.Tensor | None] = results.decisions or [None] * len(results.handled)
+    taken = iter(zip(decisions, results.handled))
     finished = False
     try:
         for window, mean, n in zip(program.windows, results.means, results.counts):
@@ -113,19 +119,20 @@ def _windows(
     loop: LoopView,
     batch: BatchPlan,
     y: Any,
-    resets: dict[int, torch.Tensor],
+    resets: Mapping[int, torch.Tensor | None],
     one_window_per_step: bool,
     counted: bool,
+    number: int,
 ) -> tuple[tuple[BatchWindow, ...], list[int]] | None:
     # The batch's windows as the loop will plan them, on a copy of its planner, up to the first that is not a whole,
     # replayable, unrecorded window, and each step's divisor (counted by target_count_fn on the device: the targets
-    # of its windows before the batch); None where there are fewer than two.
+    # of its windows before the batch); None where there are fewer than two. ``number``: the windows so far.
     planner, step = copy.copy(loop.planner), loop.optimizer_step
     offset, position = batch.start, loop.stream.position
-    number = loop.listener.position()[3]  # the windows so far
     accumulated, targets = step.accumulated, step.targets
     carried = step.targets  # counted before the batch, on the host: the first step's windows of earlier batches
-    windows, divisors = [], []
+    windows: list[BatchWindow] = []
+    divisors: list[int] = []
     while position < batch.end:
         number += 1
         planner.open_window(position, number)

@@ -206,7 +206,10 @@ class OptimizerStep:
         A refused step refuses every later one, until the decisions are read.
         """
         if self._eager_decision:
-            self.programs.found.copy_(self._found_inf[-1][0])
+            # Set only with step programs (prepare), whose ready() made the buffer before a program is chosen.
+            found = self.programs.found if self.programs is not None else None
+            assert found is not None, "an eager decision is carried only into the step programs' buffer"
+            found.copy_(self._found_inf[-1][0])
             self._eager_decision = False
 
     @property
@@ -244,14 +247,16 @@ class OptimizerStep:
             (program, position), self._program = self._program, None
             skipped = program.step()
             if self.scaler is None:  # its decision, kept for take_failure(): the buffer goes on to the next step
-                self._found_inf.append((self.programs.found.clone(), position))
+                found = program.programs.found
+                assert found is not None, "the step programs' ready() made it before the program was chosen"
+                self._found_inf.append((found.clone(), position))
             # With a scaler, whether it skipped the step: one read, as the eager step reads it.
             return skipped is not None and bool(skipped.item())
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
-            skipped = self._scaler_skipped()
+            scaler_skipped = self._scaler_skipped()
             self.scaler.update()
-            return skipped
+            return scaler_skipped
         if self._due is not None:
             self.optimizer.found_inf, self._due = self._due, None
             try:
@@ -268,9 +273,11 @@ class OptimizerStep:
         The finiteness flags ``unscale_`` left per device (``GradScaler._found_inf_per_device``, what its own
         ``step`` decided on), rather than the scale before and after ``update()``, which costs two reads.
         """
-        if not self.scaler.is_enabled():
+        scaler = self.scaler
+        assert scaler is not None, "called for a step with a scaler only"
+        if not scaler.is_enabled():
             return False
-        flags = list(self.scaler._found_inf_per_device(self.optimizer).values())
+        flags = list(scaler._found_inf_per_device(self.optimizer).values())
         if not flags:  # no gradients to check
             return False
         if len(flags) == 1:

@@ -33,6 +33,7 @@ from .checkpoint import check_resume, configuration, source_type
 from .events import COUNTERS, EventFiring, TBPTTEvents, register_tbptt_events
 from .loop_protocols import CompletedWindow
 from .optimizer_step import OptimizerStep
+from .state import tbptt_state
 from .stream_loop import StreamLoop
 
 __all__ = ["TBPTTStep"]
@@ -188,9 +189,11 @@ class TBPTTStep:
     def attach(self, engine: Engine) -> None:
         """Register the events, counters and the handlers that start and end streams and epochs on ``engine``."""
         register_tbptt_events(engine)
-        engine.state.window_loss = engine.state.window_bounds = engine.state.gradient_reach = None
-        engine.state.window_targets = engine.state.targets_seen = engine.state.step_targets = 0
-        engine.state.programs = self.programs  # counted as the run goes (cuda_graphs), else None
+        state = tbptt_state(engine)
+        # None until the first window: TBPTTState types them as a window's handlers read them.
+        state.window_loss = state.window_bounds = state.gradient_reach = None  # type: ignore[assignment]
+        state.window_targets = state.targets_seen = state.step_targets = 0
+        state.programs = self.programs  # counted as the run goes (cuda_graphs), else None
         if "targets_seen" not in engine.state_dict_user_keys:
             engine.state_dict_user_keys.append("targets_seen")
         engine.add_event_handler(Events.STARTED, self._started)
@@ -207,8 +210,9 @@ class TBPTTStep:
         self._started(engine)
 
     def _started(self, engine: Engine) -> None:
-        loop = self.loop
-        self._listener.events.refresh()  # handler lists that removals replaced since the last run
+        loop, listener = self.loop, self._listener
+        assert listener is not None, "attach() set it, and registered this handler"
+        listener.events.refresh()  # handler lists that removals replaced since the last run
         self.optimizer_step.distributed = distributed.is_distributed()
         loop.start_run(self.optimizer_step.distributed and any(is_sharded(p) for p in self.parameters()))
         if self.optimizer_step.distributed:
@@ -228,7 +232,7 @@ class TBPTTStep:
         same_source = not saved or source_type(saved) == type(self.window_source).__name__
         try:
             # A window left open goes on being recorded if it was (GradientReach, AdaptiveTruncation).
-            loop.load_state_dict(loaded, engine.state.window, same_source)
+            loop.load_state_dict(loaded, tbptt_state(engine).window, same_source)
             self.optimizer_step.load_state_dict(loaded)
         except BaseException:  # neither half of a checkpoint: the stream starts afresh
             loop.reset()
@@ -250,8 +254,11 @@ class TBPTTStep:
         ended = self.loop.stream.position > 0  # the first call of the epoch: the second finds the stream reset
         self.loop.end_stream()
         if ended and self.optimizer_step.distributed:  # a process with fewer batches is found here at the latest
+            # A stream under way ran batches: the step attached itself to its engine first.
+            assert self._listener is not None, "attached before a stream runs"
             position = self._listener.position()
-            self.optimizer_step.synchronise((distributed.EPOCH_END, *position[:-1], engine.state.optimizer_step), 0)
+            step = tbptt_state(engine).optimizer_step
+            self.optimizer_step.synchronise((distributed.EPOCH_END, *position[:-1], step), 0)
 
     def configuration(self) -> dict[str, Any]:
         """What checkpoints record, to refuse a resume into another configuration (``engine.checkpoint``).
@@ -341,7 +348,7 @@ class _EngineListener:
         self._step_handlers: tuple[list, StepHandlers] | None = None  # the handler entries they were made from
 
     def window_started(self) -> int:
-        state = self.engine.state
+        state = tbptt_state(self.engine)
         state.window += 1
         events = self.events
         if events.handlers[_STARTED]:
@@ -351,13 +358,13 @@ class _EngineListener:
         return state.window
 
     def window_closed(self, reach: dict[int, float] | None) -> None:
-        self.engine.state.gradient_reach = reach  # before the step, for its handlers too
+        tbptt_state(self.engine).gradient_reach = reach  # before the step, for its handlers too
 
     def targets_processed(self, targets: int) -> None:
-        self.engine.state.targets_seen += targets
+        tbptt_state(self.engine).targets_seen += targets
 
     def position(self) -> tuple[int, int, int, int, int]:
-        state = self.engine.state
+        state = tbptt_state(self.engine)
         length = state.epoch_length if state.epoch_length is not None else -1
         return length, state.epoch, state.iteration, state.window, state.optimizer_step + 1
 
@@ -376,7 +383,7 @@ class _EngineListener:
         return None if inside.on_host else inside
 
     def step_started(self, targets: int, in_program: int = 0) -> None:
-        state = self.engine.state
+        state = tbptt_state(self.engine)
         state.step_targets = targets
         state.optimizer_step += 1
         handlers = self.events.handlers[_STEP_STARTED]
@@ -392,15 +399,16 @@ class _EngineListener:
 
     def window_completed(self, window: CompletedWindow) -> None:
         engine, events = self.engine, self.events
-        state = engine.state
-        state.window_loss = window.loss.mean()
+        state = tbptt_state(engine)
+        # A 0-dim tensor on the device, as documented (TBPTTState.window_loss is annotated as a float).
+        state.window_loss = window.loss.mean()  # type: ignore[assignment]
         state.window_targets = window.loss.targets
         state.window_bounds = (window.start, window.end, window.cut)
         completed, time_completed = events.handlers[_COMPLETED], events.handlers[_TIME_COMPLETED]
         if completed or time_completed:
             # What ignite's trainer leaves in state.output for chunk handlers: the window's mean loss, a float
             # (a read from the device, so only for handlers).
-            state.output = float(state.window_loss)
+            state.output = float(state.window_loss)  # type: ignore[assignment]  # ignite annotates it int | None
         # A source that learns from the window does so before handlers read.
         self.step.loop.planner.source.observe(engine)
         if completed:

@@ -9,7 +9,7 @@ a step's boundary is reported to a :class:`LoopListener` (the process function's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -22,6 +22,7 @@ from ..runtime import (
     LossRule,
     LossSum,
     ModelCall,
+    ProgramExecutor,
     RetainedHistory,
     SegmentResult,
     StreamState,
@@ -39,6 +40,10 @@ from .optimizer_step import OptimizerStep
 from .window_at_once import run_window
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
+
+#: The columns that start a sequence (``(B,)`` bool), by step of the batch; ``None`` at a step where only another
+#: process's do (a model sharded by FSDP2).
+Resets = Mapping[int, torch.Tensor | None]
 
 
 class BatchResult(NamedTuple):
@@ -194,7 +199,7 @@ class StreamLoop:
         self.stream.load_state_dict(state)
 
     # -- one batch ---------------------------------------------------------------------------------------------
-    def check_batch(self, x: Any, y: Any, starts: Any) -> tuple[int, dict[int, torch.Tensor]]:
+    def check_batch(self, x: Any, y: Any, starts: Any) -> tuple[int, Resets]:
         """Check the batch before it changes anything.
 
         Returns:
@@ -207,7 +212,7 @@ class StreamLoop:
             ProcessesDisagree: for a model sharded by FSDP2, if the processes' batches differ in length.
         """
         length = check_pair(x, y, self.layout)
-        resets = {} if starts is None else self._check_starts(x, starts)
+        resets: Resets = {} if starts is None else self._check_starts(x, starts)
         # Every process of a sharded model makes the same calls: the same batch length, and segments split where
         # any process resets.
         if self.sharded and distributed.check_same_batch(length, starts is not None, x.device):
@@ -228,7 +233,7 @@ class StreamLoop:
         return resets
 
     def run_batch(
-        self, x: Any, y: Any, length: int, resets: dict[int, torch.Tensor], ends_stream: bool, keep_predictions: bool
+        self, x: Any, y: Any, length: int, resets: Resets, ends_stream: bool, keep_predictions: bool
     ) -> BatchResult:
         """Run a checked batch of ``length`` steps; ``ends_stream`` if the batch ends its stream.
 
@@ -249,22 +254,24 @@ class StreamLoop:
         batch: BatchPlan,
         x: Any,
         y: Any,
-        resets: dict[int, torch.Tensor],
+        resets: Resets,
         keep_predictions: bool,
         out: BatchResult,
     ) -> None:
         stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
         offset, one_window_per_step = batch.start, self.optimizer_step.one_window_per_step
-        # Whether the rest of the batch may still run as one program (once programs may run); None: no programs.
-        pending = True if self.executor.runs_programs else None
+        # Where windows run as programs; None where they run eagerly.
+        program_executor = self.executor if isinstance(self.executor, ProgramExecutor) else None
+        # Whether the rest of the batch may still run as one program (once programs may run).
+        pending = program_executor is not None
         while stream.position < batch.end and self.failed is None:
             if planner.window is None:
-                if pending and self.executor.ready():
+                if program_executor is not None and pending and program_executor.ready():
                     pending = False
                     if run_at_once(self, batch, x, y, resets, keep_predictions, one_window_per_step, out):
                         continue  # it walked the windows it ran
                 self.open_window()
-                if pending is not None and run_window(
+                if program_executor is not None and run_window(
                     self, batch, x, y, resets, one_window_per_step, keep_predictions, out
                 ):
                     continue  # it walked the window it ran
@@ -289,7 +296,7 @@ class StreamLoop:
         """
         out.loss.add(result.loss, result.targets, plan.whole_window)
         self.optimizer_step.accumulate(result.targets, plan.backward_mean)
-        self.listener.targets_processed(result.targets)
+        self._listening().targets_processed(result.targets)
         out.predictions.append(result.predictions)
         if plan.closes_window:
             self.close_window(plan.end, batch.stream_continues(plan.end), swept, taken)
@@ -301,7 +308,7 @@ class StreamLoop:
             self.model.train()
         self.optimizer_step.window_started()
         self.stream.open_window()
-        self.planner.open_window(self.stream.position, self.listener.window_started())
+        self.planner.open_window(self.stream.position, self._listening().window_started())
 
     def close_window(self, end: int, stream_continues: bool, swept: bool = False, taken: Any = None) -> None:
         """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due.
@@ -310,13 +317,14 @@ class StreamLoop:
         dropped. ``taken``: a batch program took the step the window completes, with this decision and these
         handlers' outputs.
         """
-        stream = self.stream
+        stream, executor, listener = self.stream, self.executor, self._listening()
         plan = self.planner.close(end, stream_continues, stream.history.starts())
         if swept:
-            self.executor.close_swept(plan)
+            assert isinstance(executor, ProgramExecutor), "only a program executor sweeps a window at once"
+            executor.close_swept(plan)
             reach = None
         else:
-            reach = self.executor.close_window(plan)
+            reach = executor.close_window(plan)
         self.planner.closed(plan)  # after the sweep: a checkpoint taken where it failed keeps the window open
         if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
             self.attributes_checked = True
@@ -326,10 +334,10 @@ class StreamLoop:
             optimizer_step = self.optimizer_step
             targets = stream.window_loss.targets
             profile = reach_profile(reach, end, targets, optimizer_step.backward_mean, optimizer_step.scaler)
-        self.listener.window_closed(profile)
+        listener.window_closed(profile)
         if self.optimizer_step.window_completed():
             self.take_step(taken)
-        self.listener.window_completed(CompletedWindow(plan.start, end, plan.cut, stream.window_loss))
+        listener.window_completed(CompletedWindow(plan.start, end, plan.cut, stream.window_loss))
 
     def take_step(self, taken: Any = None) -> None:
         """Take the optimizer step over the accumulated windows; a refused one is kept in :attr:`failed`.
@@ -340,7 +348,8 @@ class StreamLoop:
             ProcessesDisagree: in a distributed run whose processes are at different steps.
         """
         history = self.stream.history
-        if history.segments:
+        if history.segments:  # segments outlive the step only where windows reach back: with weight versions
+            assert history.versions is not None, "retained segments across a step keep weight versions"
             history.versions.freeze()
         try:
             if profiling():
@@ -355,13 +364,14 @@ class StreamLoop:
             self.failed = error
 
     def _step(self, taken: Any) -> None:
-        step, listener = self.optimizer_step, self.listener
+        step, listener = self.optimizer_step, self._listening()
         # Retained segments need nothing of the step: their weights were copied before it (take_step).
         handlers = listener.step_handlers() if step.programs is not None else None
         targets = step.prepare(listener.position(), handlers, taken)
         if not targets:
             return
-        listener.step_started(targets, len(handlers.on_device) if step.in_program else 0)
+        # A step runs in a program only with the handlers it was prepared with.
+        listener.step_started(targets, len(handlers.on_device) if handlers is not None and step.in_program else 0)
         if step.apply():  # the scaler skipped it: cut the history there
             self.stream.recover()
         listener.step_completed()
@@ -374,6 +384,12 @@ class StreamLoop:
             self.take_step()
         self.collect_failure()
         self.reset_stream()
+
+    def _listening(self) -> LoopListener:
+        # The process function's listener, set as it attaches to its engine: before any batch runs.
+        listener = self.listener
+        assert listener is not None, "the loop reports to a listener, set before a run"
+        return listener
 
     def collect_failure(self) -> None:
         """Read the device's decisions on the steps taken (one read, where the iteration's output is read anyway)."""

@@ -9,6 +9,7 @@ takes an eager segment's, and its close only drops what no later window reaches.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ def run_window(
     batch: BatchPlan,
     x: Any,
     y: Any,
-    resets: dict[int, torch.Tensor],
+    resets: Mapping[int, torch.Tensor | None],
     one_window_per_step: bool,
     keep_predictions: bool,
     out: Any,

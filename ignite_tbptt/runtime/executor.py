@@ -140,7 +140,7 @@ class SegmentExecutor:
             if plan.loss_in_sweep:
                 segment.replay, segment.loss = replay, root
                 segment.outputs = hs.flatten(hidden_out)
-            elif not plan.backward_now:
+            elif y_owed is not None:  # not plan.backward_now (detaches_predictions, here): its gradient is owed
                 segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if backward else None
                 if plan.rebuilt:  # the sweep builds its graph again
                     segment.inputs, segment.outputs = [], None

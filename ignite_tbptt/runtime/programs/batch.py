@@ -129,9 +129,9 @@ class BatchProgram:
             self.y.copy_(y)
             for buffer, t in zip(self.hidden, hs.flatten(hidden)):
                 buffer.copy_(t)
-            for window, buffer in zip(self.windows, self.starts):
-                if buffer is not None:
-                    buffer.copy_(resets[window.start])
+            for window, mask in zip(self.windows, self.starts):
+                if mask is not None:
+                    mask.copy_(resets[window.start])
         for buffer, divisor in zip(self.divisors, divisors):
             buffer.fill_(divisor)
         outputs, fresh = self.program()
@@ -163,16 +163,18 @@ class BatchProgram:
             executor.gradients.take(trained, grads)
             results.means.append(mean)
             if window.step is not None:
+                found = steps.found
+                assert found is not None, "the step programs' ready() made it before the batch program was chosen"
                 divisor, skip = self.divisors[window.step], None
                 if count_fn is not None:
                     total = divisor + torch.stack(step_counts).sum()
                     # No targets: skipped, not refused (the fused kernels skip where found_inf is exactly 1).
-                    skip = torch.maximum(steps.found, (total == 0).to(steps.found.dtype))
+                    skip = torch.maximum(found, (total == 0).to(found.dtype))
                     divisor = torch.ones_like(divisor) if window.backward_mean else total.clamp(min=1)
                     step_counts = []
                 steps.divide(divisor)
                 results.handled.append(steps.step(self.handlers, skip)[0])  # no scaler: nothing else to read
                 if steps.scaler is None:
-                    results.decisions.append(steps.found.clone())
+                    results.decisions.append(found.clone())
         results.state.extend(hs.flatten(state))
         return results

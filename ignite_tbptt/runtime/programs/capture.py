@@ -88,7 +88,7 @@ class GraphCapture:
             # On the programs' device: capturing on another's stream would record none of their kernels.
             with self.on_device():
                 graph = torch.cuda.CUDAGraph()
-                checked = {"check_input_liveness": True} if self.check_input_liveness else {}
+                checked: dict[str, Any] = {"check_input_liveness": True} if self.check_input_liveness else {}
                 with torch.cuda.graph(graph, pool=self._pool, **checked):
                     outputs = body()
         except RuntimeError as error:

@@ -32,7 +32,7 @@ a memory pool shared by graphs that do not run concurrently).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -259,15 +259,22 @@ class ProgramExecutor(SegmentExecutor):
             mean, rebuilds = first.backward_mean, first.rebuilt
             program = self.programs.add(key, SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds))
         self.let_state_graph_go()
-        stream.history.keep_only_replays(len(reach))
-        values = self.reach_weights(stream.history.versions, reach, self._trained_index) if reach else []
+        history = stream.history
+        history.keep_only_replays(len(reach))
+        # Segments a later window reaches, and so a reach, are kept only where weight versions are (k2 > k1).
+        versions = history.versions
+        values = []
+        if reach:
+            assert versions is not None, "a reach back is kept with its weight versions"
+            values = self.reach_weights(versions, reach, self._trained_index)
         results = program(reach, values, stream.hidden, xw, yw, starts, keep)
-        history, state = stream.history, stream.hidden
+        state = stream.hidden
         for plan, call, mask, after in zip(plans, calls, starts, results.states):
             if plan.reached_later:  # it joins the history as what recomputes it
+                assert versions is not None, "a segment a later window reaches is kept with its weight version"
                 segment_x = steps(xw, call.start, call.end)
                 replay = Replay(
-                    segment_x, state, rng.capture(xw.device), history.versions.current, plan.hidden_requires_grad, mask
+                    segment_x, state, rng.capture(xw.device), versions.current, plan.hidden_requires_grad, mask
                 )
                 history.append(Segment(plan.start, plan.end, [], None, replay=replay))
             state = hs.unflatten(state, after)
@@ -307,7 +314,9 @@ class ProgramExecutor(SegmentExecutor):
         if self.target_count_fn is not None:
             count = torch.as_tensor(self.target_count_fn(y_pred, y)).reshape(()).long()
         mean = rule.mean(y_pred, y, targets)
-        root = rule.root(rule.backpropagated(mean, targets if count is None else count, backward_mean))
+        n = targets if count is None else count
+        # LossRule.backpropagated's count is annotated as an int; it multiplies by a 0-dim tensor count alike.
+        root = rule.root(rule.backpropagated(mean, n, backward_mean))  # type: ignore[arg-type]
         return CallPass(mean, y_pred, hidden_out, root, count)
 
     def window_pass(
@@ -411,7 +420,7 @@ class ProgramExecutor(SegmentExecutor):
                 self.graphs.device = trained[0].device
             self._trained_index = [i for i, p in enumerate(params) if p.requires_grad]
 
-    def add_window_gradients(self, window_grads: tuple) -> None:
+    def add_window_gradients(self, window_grads: Sequence[torch.Tensor | None]) -> None:
         """Add a window's gradients into the parameters' ``.grad`` as autograd's backward would.
 
         A parameter without a gradient from the window keeps its ``.grad`` (``None`` if it had none, so that the

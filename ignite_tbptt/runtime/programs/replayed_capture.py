@@ -208,7 +208,7 @@ class _Recording(TorchDispatchMode):
         recorded_args = pytree.tree_map_only(torch.Tensor, record, args)
         recorded_kwargs = pytree.tree_map_only(torch.Tensor, record, kwargs)
         out = func(*args, **kwargs)
-        outputs = []
+        outputs: list[torch.Tensor | None] = []
         for t in _tensors(out):
             pointer = _storage(t).data_ptr()
             if pointer in inputs or pointer in self._external_at or _storage(t).nbytes() == 0:
@@ -228,7 +228,7 @@ class _Use:
     index: int  # its storage's place among the externals
     dtype: torch.dtype
     device: torch.device
-    offset: int
+    offset: int | torch.SymInt  # Tensor.storage_offset(): an int outside symbolic tracing
     size: tuple[int, ...]
     stride: tuple[int, ...]
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
@@ -187,6 +187,7 @@ class StepPrograms:
             program = None
         if program is None:
             program = self.programs.add(key, StepProgram(self, handlers.on_device, handlers.on_host, settings))
+        assert self.divisor is not None, "ready() made the buffers"
         self.divisor.fill_(divisor)
         return program
 
@@ -218,6 +219,12 @@ class StepPrograms:
         freed (:meth:`StepProgram.stale`).
         """
         return tuple((i, key, t.data_ptr()) for i, key, t in self._state())
+
+    @overload
+    def ready(self, need_gradients: Literal[False]) -> tuple[tuple[bool, ...], list[dict]]: ...
+
+    @overload
+    def ready(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None: ...
 
     def ready(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None:
         """Make the buffers ready for a run: gradients in their static buffers, learning rates written.
@@ -255,9 +262,11 @@ class StepPrograms:
             torch._foreach_div_(grads, divisor)
             return dict(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"])
         else:
-            decision = divide_and_check(grads, divisor, into=self.found)
-            if decision is not self.found:  # several groups (dtypes, devices): only the first checked into it
-                self.found.copy_(decision)
+            found = self.found
+            assert found is not None, "ready() made the buffers before any program runs"
+            decision = divide_and_check(grads, divisor, into=found)
+            if decision is not found:  # several groups (dtypes, devices): only the first checked into it
+                found.copy_(decision)
         return None
 
     def unscaled(self, found: dict) -> None:
@@ -266,11 +275,13 @@ class StepPrograms:
         A replay does not run the scaler's Python: without this, it would still take the step's gradients as scaled,
         and a step run uncaptured after (a host handler changed a hyper-parameter) would unscale them again.
         """
+        assert self.scaler is not None, "only a step with a scaler has its decisions to record"
         state = self.scaler._per_optimizer_states[id(self.optimizer)]
         state["stage"], state["found_inf_per_device"] = OptState.UNSCALED, found
 
     def updated(self) -> None:
         """After a replayed step: the scaler's records of the step cleared, as its ``update`` clears them."""
+        assert self.scaler is not None, "called for a step with a scaler only"
         self.scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     def step(self, handlers: Sequence[StepHandler], skip: torch.Tensor | None = None) -> tuple[list, Any]:
@@ -400,7 +411,9 @@ class StepProgram:
         return self._step()
 
     def _divide(self) -> dict | None:
-        return self.programs.divide(self.programs.divisor)
+        divisor = self.programs.divisor
+        assert divisor is not None, "StepPrograms.program() wrote it before this program runs"
+        return self.programs.divide(divisor)
 
     def _step(self) -> tuple[list, Any]:
         return self.programs.step(self.handlers)

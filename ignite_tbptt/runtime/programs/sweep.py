@@ -113,9 +113,11 @@ class ReachWeights:
 
     def __call__(self, versions: ParameterVersions, reach: Sequence[Replay], index: Sequence[int]) -> list[list]:
         """For each segment of ``reach``, the values of the parameters at ``index`` in its version."""
-        made, out = {}, []
+        made: dict[int, tuple[WeightVersion, bool, list[torch.Tensor]]] = {}
+        out = []
         for replay in reach:
             version = replay.version
+            assert version is not None, "a reach's segments ran where weight versions are kept (k2 > k1)"
             hit = made.get(id(version)) or self._made.get(id(version))
             if hit is None or hit[0] is not version or hit[1] != version.frozen:  # the current version froze since
                 values = versions.values(version)
@@ -179,7 +181,7 @@ class SwappedWeights:
                 f"{missing} that are neither's (held by model_fn, the loss, or an initial_state that is a function): "
                 "hold them in the model, or pass initial_state as a module; or pass cuda_graphs=False."
             )
-        return found
+        return [name for name in found if name is not None]  # every one of them, by now
 
     def __call__(self, weights: Sequence[torch.Tensor], fn: Callable[[], Any]) -> Any:
         """``fn()``, with ``weights[i]`` in the place of the ``i``-th trained parameter."""
@@ -200,7 +202,8 @@ def rnn_weights_kept(rnns: Sequence[torch.nn.RNNBase]) -> Iterator[None]:
     # Copies: setting a weight writes into the module's list in place.
     kept = [(list(m._flat_weights), list(m._flat_weight_refs)) for m in rnns]
     for m in rnns:
-        m.flatten_parameters = _no_flattening  # an instance attribute: the class's method is untouched
+        # An instance attribute, on purpose: the class's method is untouched.
+        m.flatten_parameters = _no_flattening  # type: ignore[method-assign]
     try:
         yield
     finally:
@@ -250,7 +253,7 @@ class WindowCalls(Protocol):
     def state_after(self, state: Any) -> Any:
         """A window's returned state, detached, once its backward pass ran."""
 
-    def add_window_gradients(self, window_grads: Sequence[Any]) -> None:
+    def add_window_gradients(self, window_grads: Sequence[torch.Tensor | None]) -> None:
         """Add a window's gradients into the parameters' ``.grad`` as autograd's backward pass would."""
 
 
@@ -365,12 +368,14 @@ class SweepProgram:
             into, sources = [self.x, self.y, *self.cut], [x, y, *hs.flatten(first)]
             for buffer, mask in zip(self.starts, starts):
                 if buffer is not None:
+                    assert mask is not None, "a call has a mask's buffer where it has a mask (its key)"
                     into.append(buffer)
                     sources.append(mask)
             for piece, replay, weights in zip(self.pieces, reach, values):
                 into.append(piece.x)
                 sources.append(replay.x)
                 if piece.starts is not None:
+                    assert replay.starts is not None, "a piece has a mask's buffer where it has a mask (its key)"
                     into.append(piece.starts)
                     sources.append(replay.starts)
                 into += piece.weights
@@ -400,8 +405,9 @@ class SweepProgram:
         executor = self.executor
         call, steps = executor.model_call, executor.model_call.layout.steps
         state = self.cut_tree
-        for piece in self.pieces:
-            _, state = self._rebuilt(self.swapped, piece.weights, _bound(call, piece.x, state, piece.starts))
+        if self.swapped is not None:  # the window reaches back (else it has no pieces)
+            for piece in self.pieces:
+                _, state = self._rebuilt(self.swapped, piece.weights, _bound(call, piece.x, state, piece.starts))
         losses, states, predictions, roots, counts = [], [], [], [], []
         for c, starts, targets in zip(self.calls, self.starts, self.targets):
             x, y = steps(self.x, c.start, c.end), steps(self.y, c.start, c.end)
@@ -430,6 +436,7 @@ class SweepProgram:
         # sweep adds them. With counts on the device, each call's loss apart, its gradient masked where it has none.
         executor = self.executor
         leaves = [*executor.trained, *self.leaves]
+        grads: list[torch.Tensor | None]
         if counts[0] is None:
             grads = list(torch.autograd.grad(sum(roots[1:], roots[0]), leaves, allow_unused=True))
         else:
@@ -439,13 +446,15 @@ class SweepProgram:
                 for j, g in enumerate(torch.autograd.grad(root, leaves, retain_graph=not last, allow_unused=True)):
                     if g is not None:
                         g = torch.where(count > 0, g, 0.0)
-                        grads[j] = g if grads[j] is None else grads[j] + g
+                        so_far = grads[j]
+                        grads[j] = g if so_far is None else so_far + g
         n = len(executor.trained)
         total = grads[:n]
         for j in range(len(self.pieces) - 1, -1, -1):
-            for i, g in enumerate(grads[n + j * n : n + (j + 1) * n]):
-                if g is not None:
-                    total[i] = g if total[i] is None else total[i] + g
+            for i, piece_grad in enumerate(grads[n + j * n : n + (j + 1) * n]):
+                if piece_grad is not None:
+                    so_far = total[i]
+                    total[i] = piece_grad if so_far is None else so_far + piece_grad
         return total
 
 
@@ -454,4 +463,8 @@ def _bound(call: Callable, x: torch.Tensor, state: Any, starts: torch.Tensor | N
 
 
 def _same_random_state(a: rng.RNGState, b: rng.RNGState) -> bool:
-    return all(torch.equal(s, t) for s, t in zip(a, b) if s is not None)
+    # Both captured for the same device: a CUDA generator's state in both or in neither.
+    (cpu, cuda), (cpu_after, cuda_after) = a, b
+    if not torch.equal(cpu, cpu_after):
+        return False
+    return cuda is None or (cuda_after is not None and torch.equal(cuda, cuda_after))
