@@ -191,7 +191,7 @@ class TBPTTStep:
         register_tbptt_events(engine)
         state = tbptt_state(engine)
         # None until the first window: TBPTTState types them as a window's handlers read them.
-        state.window_loss = state.window_bounds = state.gradient_reach = None  # type: ignore[assignment]
+        state.window_loss = state.window_bounds = state.gradient_reach = None
         state.window_targets = state.targets_seen = state.step_targets = 0
         state.programs = self.programs  # counted as the run goes (cuda_graphs), else None
         if "targets_seen" not in engine.state_dict_user_keys:
@@ -401,7 +401,7 @@ class _EngineListener:
         engine, events = self.engine, self.events
         state = tbptt_state(engine)
         # A 0-dim tensor on the device, as documented (TBPTTState.window_loss is annotated as a float).
-        state.window_loss = window.loss.mean()  # type: ignore[assignment]
+        state.window_loss = window.loss.mean()
         state.window_targets = window.loss.targets
         state.window_bounds = (window.start, window.end, window.cut)
         completed, time_completed = events.handlers[_COMPLETED], events.handlers[_TIME_COMPLETED]

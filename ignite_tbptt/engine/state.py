@@ -24,10 +24,10 @@ class TBPTTState(State):
     window: int
     #: Optimizer steps started in the run.
     optimizer_step: int
-    #: ``(start, end, cut)`` of the current window, in stream steps, while its handlers run.
-    window_bounds: tuple[int, int, int]
-    #: The current window's mean per-target loss, while its handlers run.
-    window_loss: float
+    #: ``(start, end, cut)`` of the current window, in stream steps, while its handlers run (None before).
+    window_bounds: tuple[int, int, int] | None
+    #: The current window's mean per-target loss, a detached 0-dim tensor, while its handlers run (None before).
+    window_loss: torch.Tensor | None
     #: Targets of the last window, of the last optimizer step and of the run.
     window_targets: int
     step_targets: int

@@ -204,8 +204,9 @@ class AdaptiveTruncation(WindowSource):
     def observe(self, engine: Engine) -> None:
         """Update the decay estimate and k2 from the window just completed, if its reach was recorded."""
         state = tbptt_state(engine)
-        reach = state.gradient_reach
-        start, end, _ = state.window_bounds
+        reach, bounds = state.gradient_reach, state.window_bounds
+        assert bounds is not None, "set by the trainer before a window's handlers run"
+        start, end, _ = bounds
         # Only lags at or past the window's start: closer to its end, each step back adds a step's loss.
         points = [(lag, math.log(norm)) for lag, norm in (reach or {}).items() if norm > 0 and lag >= end - start]
         if len(points) >= 2:

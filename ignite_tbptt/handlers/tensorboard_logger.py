@@ -109,6 +109,7 @@ class _ReachLog:
         reach = state.gradient_reach
         if not reach:
             return
+        assert state.window_bounds is not None, "set by the trainer before a window's handlers run"
         start, end, cut = state.window_bounds
         step = self.step(engine, TBPTTEvents.WINDOW_COMPLETED)
         largest = max(reach.values())

@@ -60,8 +60,11 @@ class LossRule:
         return _checked(self.loss_fn(predictions, y))
 
     @staticmethod
-    def backpropagated(mean: torch.Tensor, targets: int, backward_mean: bool) -> torch.Tensor:
-        """The loss the segment backpropagates: its ``mean`` where ``backward_mean``, else the sum over its targets."""
+    def backpropagated(mean: torch.Tensor, targets: int | torch.Tensor, backward_mean: bool) -> torch.Tensor:
+        """The loss the segment backpropagates: its ``mean`` where ``backward_mean``, else the sum over its targets.
+
+        ``targets``: their count, an int or (inside a program) a 0-dim integer tensor on the device.
+        """
         return mean if backward_mean else mean * targets
 
     def root(self, loss: torch.Tensor) -> torch.Tensor:

@@ -217,7 +217,7 @@ class ProgramExecutor(SegmentExecutor):
     def run_sweep(
         self, plans: list[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool
     ) -> list[SegmentResult] | None:
-        """Run the open window, whose segments ``plans`` lists, as a sweep program (:mod:`.sweep_programs`).
+        """Run the open window, whose segments ``plans`` lists, as a sweep program (:mod:`.sweep`).
 
         ``x``, ``y``: the batch, whose first step is the stream's step ``offset``; ``resets``: the starting columns
         by step of the batch; ``keep``: hand the predictions on (``output_transform``).
@@ -316,7 +316,7 @@ class ProgramExecutor(SegmentExecutor):
         mean = rule.mean(y_pred, y, targets)
         n = targets if count is None else count
         # LossRule.backpropagated's count is annotated as an int; it multiplies by a 0-dim tensor count alike.
-        root = rule.root(rule.backpropagated(mean, n, backward_mean))  # type: ignore[arg-type]
+        root = rule.root(rule.backpropagated(mean, n, backward_mean))
         return CallPass(mean, y_pred, hidden_out, root, count)
 
     def window_pass(
