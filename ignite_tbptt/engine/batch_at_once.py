@@ -64,7 +64,7 @@ def run_at_once(
     handlers = listener.quiet_step_handlers()
     if handlers is None:
         return False
-    number = listener.position()[3]  # the windows so far
+    number = listener.position().window  # the windows so far
     planned = _windows(loop, batch, y, resets, one_window_per_step, executor.target_count_fn is not None, number)
     if planned is None:
         return False

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple, Protocol
 from ..layout import Layout
 from ..planning import BatchPlan, SegmentPlan, StreamPlanner
 from ..runtime import LossSum, RetainedHistory, SegmentResult, StepHandlers, StreamState
-from .optimizer_step import OptimizerStep
+from .optimizer_step import OptimizerStep, RunPosition
 
 __all__ = ["CompletedWindow", "LoopListener", "LoopView"]
 
@@ -44,8 +44,8 @@ class LoopListener(Protocol):
     def targets_processed(self, targets: int) -> None:
         """A segment's ``targets`` entered the loss."""
 
-    def position(self) -> tuple[int, int, int, int, int]:
-        """Where the run is: ``(epoch_length or -1, epoch, iteration, window, optimizer step about to be taken)``."""
+    def position(self) -> RunPosition:
+        """Where the run is, with the optimizer step about to be taken."""
 
     def step_handlers(self) -> StepHandlers:
         """The handlers of the step's start, as a step program sees them: the last ones may run inside it."""

@@ -25,14 +25,27 @@ kept on the device on the CPU too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from ..runtime import StepHandlers, StepProgram, StepPrograms, divide_and_check, profiling, skips_on_device
 from . import distributed
 
-__all__ = ["OptimizerStep"]
+__all__ = ["OptimizerStep", "RunPosition"]
+
+
+class RunPosition(NamedTuple):
+    """Where a run is at an optimizer step: named by a refused step's error, and the same on every process."""
+
+    #: The epoch's length in iterations, or -1 where it is not known.
+    epoch_length: int
+    epoch: int
+    iteration: int
+    #: Windows started in the run.
+    window: int
+    #: The optimizer step about to be taken, counted from 1.
+    step: int
 
 
 class OptimizerStep:
@@ -59,11 +72,11 @@ class OptimizerStep:
         self.optimizer, self.scaler, self.accumulation = optimizer, scaler, accumulation
         #: The step programs, with window programs (``None`` without): steps they can run, they run.
         self.programs = programs
-        self._program: tuple[StepProgram, tuple[int, int, int, int, int]] | None = None  # the prepared step's
+        self._program: tuple[StepProgram, RunPosition] | None = None  # the prepared step's
         #: Whether a step was taken (the optimizer's state exists), in this trainer's life.
         self.stepped = False
         # The prepared step, which a batch program took: its position, handlers, decision and handlers' outputs.
-        self._taken: tuple[tuple[int, int, int, int, int], StepHandlers, Any] | None = None
+        self._taken: tuple[RunPosition, StepHandlers, Any] | None = None
         self.accumulated = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
         self.backward_mean = False  # their one window backpropagated its mean loss: the gradients are divided
@@ -75,7 +88,7 @@ class OptimizerStep:
         # class or instance has a zero_grad of its own gets it called.
         self._clears_directly = _torchs_zero_grad(optimizer)
         # Device decisions not yet read, with the position of their step.
-        self._found_inf: list[tuple[torch.Tensor, tuple[int, int, int, int, int]]] = []
+        self._found_inf: list[tuple[torch.Tensor, RunPosition]] = []
         self._eager_decision = False  # the last of them is an eager step's, not yet in the step programs' buffer
         self._due: torch.Tensor | None = None  # the decision of the prepared step, handed to the optimizer
         self._finite: torch.Tensor | None = None  # a decision read as 0.0, set in place by the next check read at once
@@ -125,15 +138,12 @@ class OptimizerStep:
         device = params[0].device if params else torch.device("cpu")
         return distributed.synchronise(position, targets, device)
 
-    def prepare(
-        self, position: tuple[int, int, int, int, int], handlers: StepHandlers | None = None, taken: Any = None
-    ) -> int:
+    def prepare(self, position: RunPosition, handlers: StepHandlers | None = None, taken: Any = None) -> int:
         """Make the accumulated gradients final: summed over processes, unscaled, divided and checked.
 
         Args:
-            position: where the run is, ``(epoch_length or -1, epoch, iteration, window, step)`` with ``step`` the one
-                about to be taken (counted from 1): named by the error for a refused step, and shared by every
-                process of a distributed run (:func:`~ignite_tbptt.engine.distributed.synchronise`).
+            position: where the run is, with the step about to be taken: named by the error for a refused step,
+                and shared by every process of a distributed run (:func:`~ignite_tbptt.engine.distributed.synchronise`).
             handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, where the step may run as a step program (window
                 programs, no retained segment); ``None`` for an eager step. :attr:`in_program` says whether it does:
                 then the handlers ``on_device`` run inside :meth:`apply`, and the others must run before it.
@@ -187,7 +197,7 @@ class OptimizerStep:
                     raise _non_finite(_where(position))
         return targets
 
-    def _in_program(self, divisor: int, handlers: StepHandlers, position: tuple[int, int, int, int, int]) -> bool:
+    def _in_program(self, divisor: int, handlers: StepHandlers, position: RunPosition) -> bool:
         # A step program, where one can run it: one process, no profiler (whose ranges it would not show).
         programs = self.programs
         if programs is None or not programs.supported or self.distributed or profiling():
@@ -346,9 +356,8 @@ def _torchs_zero_grad(optimizer: Any) -> bool:
     return getattr(type(optimizer), "zero_grad", None) is torch.optim.Optimizer.zero_grad and "zero_grad" not in own
 
 
-def _where(position: tuple[int, int, int, int, int]) -> str:
-    # position: (epoch_length or -1, epoch, iteration, window, step), as prepare() takes it.
-    return f"optimizer step {position[4]} (window {position[3]}, iteration {position[2]})"
+def _where(position: RunPosition) -> str:
+    return f"optimizer step {position.step} (window {position.window}, iteration {position.iteration})"
 
 
 def _non_finite(where: str, later_skipped: bool = False) -> FloatingPointError:

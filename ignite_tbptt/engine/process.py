@@ -32,7 +32,7 @@ from . import distributed
 from .checkpoint import check_resume, configuration, source_type
 from .events import COUNTERS, EventFiring, TBPTTEvents, register_tbptt_events
 from .loop_protocols import CompletedWindow
-from .optimizer_step import OptimizerStep
+from .optimizer_step import OptimizerStep, RunPosition
 from .state import tbptt_state
 from .stream_loop import StreamLoop
 
@@ -363,10 +363,10 @@ class _EngineListener:
     def targets_processed(self, targets: int) -> None:
         tbptt_state(self.engine).targets_seen += targets
 
-    def position(self) -> tuple[int, int, int, int, int]:
+    def position(self) -> RunPosition:
         state = tbptt_state(self.engine)
         length = state.epoch_length if state.epoch_length is not None else -1
-        return length, state.epoch, state.iteration, state.window, state.optimizer_step + 1
+        return RunPosition(length, state.epoch, state.iteration, state.window, state.optimizer_step + 1)
 
     def step_handlers(self) -> StepHandlers:
         entries = self.events.handlers[_STEP_STARTED]

@@ -561,11 +561,11 @@ def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k
     # window's (T, B, vocabulary) logits) only where output_transform takes them.
     copied = []
 
-    def spying(kept):
+    def spying(copied_out):
         def spy(outputs, fresh):
             if not fresh:
                 copied.extend(tuple(t.shape) for t in torch.utils._pytree.tree_leaves(outputs) if torch.is_tensor(t))
-            return kept(outputs, fresh)
+            return copied_out(outputs, fresh)
 
         return spy
 
@@ -574,7 +574,7 @@ def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k
         options = {"k2": k2, "carry_hidden": True}
         if asked:
             options["output_transform"] = lambda x, y, y_pred, loss: (y_pred, y)
-        with mock.patch.object(sweep_programs, "kept", spying(sweep_programs.kept)):
+        with mock.patch.object(sweep_programs, "copied_out", spying(sweep_programs.copied_out)):
             train(True, batches(), **options)
         predictions = [shape for shape in copied if shape[-1:] == (10,)]  # (5, 4, 10): the logits over 10 tokens
         if mode() == "uncaptured":

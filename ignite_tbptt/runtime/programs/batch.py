@@ -41,6 +41,7 @@ from torch.utils import _pytree as pytree
 from .. import hidden as hs
 from .capture import Program
 from .step import StepHandler, StepPrograms
+from .sweep import masked_by_count
 
 __all__ = ["BatchWindow", "BatchProgram", "BatchResults"]
 
@@ -156,7 +157,7 @@ class BatchProgram:
             if count is not None:  # a window without targets adds nothing (its mean is 0 / 0)
                 results.counts.append(count)
                 step_counts.append(count)
-                grads = tuple(None if g is None else torch.where(count > 0, g, 0.0) for g in grads)
+                grads = masked_by_count(grads, count)
             if window.first_of_step:  # zero_grad(), as each step's first window starts
                 for p in trained:
                     p.grad = None

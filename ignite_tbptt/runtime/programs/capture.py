@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 from ..profiling import NO_CONTEXT
 from .cache import ProgramCounts
 
-__all__ = ["GraphCapture", "Program", "GraphCaptureError", "kept"]
+__all__ = ["GraphCapture", "Program", "GraphCaptureError", "copied_out"]
 
 
 class GraphCaptureError(RuntimeError):
@@ -146,7 +146,7 @@ class Program:
         return self.outputs, False
 
 
-def kept(outputs: Any, fresh: bool) -> Any:
+def copied_out(outputs: Any, fresh: bool) -> Any:
     """``outputs`` as a caller may keep them: a graph's static ones (not ``fresh``) cloned, an eager run's as they are.
 
     The next replay overwrites a graph's outputs, and a handler may keep a window's values.

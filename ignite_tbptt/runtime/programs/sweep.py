@@ -56,7 +56,7 @@ from .. import rng
 from ..backward_sweep import Replay, Segment
 from ..model_call import ModelCall
 from ..weight_versions import ParameterVersions, WeightVersion
-from .capture import GraphCapture, Program, kept
+from .capture import GraphCapture, Program, copied_out
 
 __all__ = [
     "SweepProgram",
@@ -68,6 +68,7 @@ __all__ = [
     "SwappedWeights",
     "reach_of",
     "rnn_weights_kept",
+    "masked_by_count",
 ]
 
 _RANDOM = (
@@ -132,7 +133,7 @@ class ReachWeights:
         self._made = {}
 
 
-class _Holder(torch.nn.Module):
+class _SwapRoot(torch.nn.Module):
     # The modules whose parameters a model call uses, under one root for torch.func.functional_call; calling it runs
     # the function it is given, so that model_fn and the initial state run with the weights swapped.
     def __init__(self, model: torch.nn.Module, initial_state: Any) -> None:
@@ -159,14 +160,14 @@ class SwappedWeights:
     """
 
     def __init__(self, model: torch.nn.Module, initial_state: Any, trained: Sequence[torch.Tensor]) -> None:
-        self.holder = _Holder(model, initial_state)
+        self.holder = _SwapRoot(model, initial_state)
         self.rnns = [m for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
         self.names = self._names_in(self.holder, trained)
 
     @staticmethod
     def check(model: torch.nn.Module, initial_state: Any, trained: Sequence[torch.Tensor]) -> None:
         """Refuse, before a run, trained parameters that a swap would not reach (see the class's ``Raises``)."""
-        SwappedWeights._names_in(_Holder(model, initial_state), trained)
+        SwappedWeights._names_in(_SwapRoot(model, initial_state), trained)
 
     @staticmethod
     def _names_in(holder: torch.nn.Module, trained: Sequence[torch.Tensor]) -> list[str]:
@@ -280,7 +281,7 @@ class SweepResults(NamedTuple):
     predictions: list[Any]
 
 
-class _Piece(NamedTuple):
+class _ReachedSegment(NamedTuple):
     # A retained segment's buffers: its input, its reset mask, and its weights (leaves: their own gradient).
     x: torch.Tensor
     starts: torch.Tensor | None
@@ -324,7 +325,7 @@ class SweepProgram:
         self.cut_tree = hs.unflatten(first, self.cut)
         trained = executor.trained
         self.pieces = [
-            _Piece(
+            _ReachedSegment(
                 torch.empty_like(r.x),
                 None if r.starts is None else torch.empty_like(r.starts),
                 [torch.empty_like(p.detach()).requires_grad_() for p in trained],
@@ -397,8 +398,8 @@ class SweepProgram:
         counts = self.targets if counts is None else torch.stack(counts).tolist()
         if any(counts):
             self.executor.add_window_gradients(grads)
-        losses, states = kept((losses, states), fresh)
-        predictions = kept(predictions, fresh) if keep_predictions else [None] * len(predictions)
+        losses, states = copied_out((losses, states), fresh)
+        predictions = copied_out(predictions, fresh) if keep_predictions else [None] * len(predictions)
         return SweepResults(losses, counts, states, predictions)
 
     def _body(self) -> tuple[list, list, list, list, Any]:
@@ -443,9 +444,9 @@ class SweepProgram:
             grads = [None] * len(leaves)
             for i, (root, count) in enumerate(zip(roots, counts)):
                 last = i == len(roots) - 1
-                for j, g in enumerate(torch.autograd.grad(root, leaves, retain_graph=not last, allow_unused=True)):
+                call_grads = torch.autograd.grad(root, leaves, retain_graph=not last, allow_unused=True)
+                for j, g in enumerate(masked_by_count(call_grads, count)):
                     if g is not None:
-                        g = torch.where(count > 0, g, 0.0)
                         so_far = grads[j]
                         grads[j] = g if so_far is None else so_far + g
         n = len(executor.trained)
@@ -456,6 +457,15 @@ class SweepProgram:
                     so_far = total[i]
                     total[i] = piece_grad if so_far is None else so_far + piece_grad
         return total
+
+
+def masked_by_count(grads: Sequence[torch.Tensor | None], count: torch.Tensor) -> list[torch.Tensor | None]:
+    """A call's gradients where ``count`` (its targets, a 0-dim tensor on the device) is positive, else zeros.
+
+    A call without targets has the mean 0 / 0 and must add no gradient, as an eager segment without targets runs no
+    backward pass; a program cannot read the count to skip the addition, so it adds zeros.
+    """
+    return [None if g is None else torch.where(count > 0, g, 0.0) for g in grads]
 
 
 def _bound(call: Callable, x: torch.Tensor, state: Any, starts: torch.Tensor | None) -> Callable[[], Any]:
