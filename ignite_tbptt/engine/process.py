@@ -79,7 +79,7 @@ class TBPTTStep:
         non_blocking: bool,
         prepare_batch: Callable,
         output_transform: Callable[[Any, Any, Any, torch.Tensor], Any] | None,
-        target_count_fn: Callable[[Any, Any], int] | None,
+        target_count_fn: Callable[[Any, Any], int | torch.Tensor] | None,
         recompute: int | None = None,
         execution: Execution,
     ) -> None:

@@ -114,7 +114,7 @@ class StreamLoop:
         *,
         layout: Layout,
         carry_hidden: bool,
-        target_count_fn: Callable[[Any, Any], int] | None,
+        target_count_fn: Callable[[Any, Any], int | torch.Tensor] | None,
         recompute: int | None,
         execution: Execution,
     ) -> None:

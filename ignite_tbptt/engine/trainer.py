@@ -167,8 +167,7 @@ def tbptt_training_step(
         non_blocking=o["non_blocking"],
         prepare_batch=o["prepare_batch"],
         output_transform=o["output_transform"],
-        # TBPTTStep's annotation says int; it takes the 0-dim tensor documented here too (to widen in process.py).
-        target_count_fn=o["target_count_fn"],  # type: ignore[arg-type]
+        target_count_fn=o["target_count_fn"],
         recompute=recompute,
         execution=execution,
     )

@@ -62,7 +62,7 @@ class SegmentExecutor:
         model_call: ModelCall,
         loss: LossRule,
         stream: StreamState,
-        target_count_fn: Callable[[Any, Any], int] | None,
+        target_count_fn: Callable[[Any, Any], int | torch.Tensor] | None,
     ) -> None:
         self.model_call, self.loss, self.stream, self.target_count_fn = model_call, loss, stream, target_count_fn
         #: Run a segment's backward pass even where it has no targets, on a zero loss: every process of a model

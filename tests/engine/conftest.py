@@ -1,4 +1,5 @@
-"""The engine tests' fixtures: ``program_mode`` runs a program test uncaptured and replayed (``program_mode.py``)."""
+"""The engine tests' fixtures: ``program_mode`` runs a program test uncaptured and replayed, ``replayed_mode``
+replayed (``program_mode.py``); both capture in CUDA graphs under ``--device cuda``."""
 
 import pytest
 import torch
@@ -11,9 +12,25 @@ from . import program_mode as pm
 
 @pytest.fixture(params=pm.MODES)
 def program_mode(request, monkeypatch):
+    """A program test run uncaptured and replayed on the CPU; under ``--device cuda``, captured in CUDA graphs."""
+    if torch.get_default_device().type == "cuda" and request.param == "replayed":
+        pytest.skip("under --device cuda the programs are captured in CUDA graphs")
+    yield from _in_mode(request.param, monkeypatch)
+
+
+@pytest.fixture(params=["replayed"])
+def replayed_mode(request, monkeypatch):
+    """A program test run replayed on the CPU; under ``--device cuda``, captured in CUDA graphs.
+
+    For the sweep, step and batch programs' tests: a replayed run runs each program's Python at its warm-up and its
+    capture, and an uncaptured one only that Python every window; the window programs' tests
+    (``test_cuda_graphs.py``) and the property test run both.
+    """
+    yield from _in_mode(request.param, monkeypatch)
+
+
+def _in_mode(mode, monkeypatch):
     if torch.get_default_device().type == "cuda":
-        if request.param == "replayed":
-            pytest.skip("under --device cuda the programs are captured in CUDA graphs")
         # Captured with torch's tracker: a replay that reads an input freed since its capture raises.
         init = GraphCapture.__init__
 
@@ -22,10 +39,10 @@ def program_mode(request, monkeypatch):
             self.check_input_liveness = True
 
         monkeypatch.setattr(GraphCapture, "__init__", checked)
-    elif request.param == "replayed":
+    elif mode == "replayed":
         # One warm-up run rather than CUDA's three: the tests' short runs capture, and replay, each program they make.
         init = ReplayedCapture.__init__
         monkeypatch.setattr(ReplayedCapture, "__init__", lambda self, warmup=3, names=None: init(self, 1, names))
-    pm.set_mode(request.param)
-    yield request.param
+    pm.set_mode(mode)
+    yield mode
     pm.set_mode("uncaptured")

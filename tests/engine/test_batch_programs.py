@@ -20,7 +20,7 @@ from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
 from .test_step_programs import fused_adam, fused_sgd, poisoned_at
 from .test_step_programs import train as train_stepping
 
-pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
+pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
 
 
 @contextlib.contextmanager

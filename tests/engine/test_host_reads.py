@@ -221,7 +221,7 @@ def test_divide_and_check_divides_every_dtype_and_flags_non_finite():
 
 @pytest.mark.cpu_only("the CPU's own path: an accelerator keeps each decision on the device")
 def test_a_refused_step_read_at_once_does_not_refuse_the_next_finite_one():
-    from ignite_tbptt.engine.optimizer_step import OptimizerStep
+    from ignite_tbptt.engine.optimizer_step import OptimizerStep, RunPosition
 
     weight = torch.nn.Parameter(torch.ones(2))
     step = OptimizerStep(torch.optim.SGD([weight], lr=0.5, fused=True), None, 1)
@@ -232,9 +232,9 @@ def test_a_refused_step_read_at_once_does_not_refuse_the_next_finite_one():
         step.window_completed()
         if refused:
             with pytest.raises(FloatingPointError, match="optimizer step 1 "):
-                step.prepare((-1, 1, 1, 1, 1))
+                step.prepare(RunPosition(-1, 1, 1, 1, 1))
         else:
-            assert step.prepare((-1, 1, 1, 2, 1)) == 2
+            assert step.prepare(RunPosition(-1, 1, 1, 2, 1)) == 2
             step.apply()
     assert torch.equal(weight.detach(), torch.tensor([0.5, 0.0]))  # the finite step, its gradient divided by 2
 

@@ -22,7 +22,7 @@ from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError
 from .program_mode import assert_replayed, mode
 from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
 
-pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
+pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
 
 
 def fused_sgd(params):

@@ -30,7 +30,7 @@ from .test_cuda_graphs import (
 )
 from .test_step_programs import fused_adam
 
-pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
+pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
 
 
 def swept(runs):

@@ -86,7 +86,7 @@ def build_executor(
     model_call: ModelCall,
     loss: LossRule,
     stream: StreamState,
-    target_count_fn: Callable[[Any, Any], int] | None,
+    target_count_fn: Callable[[Any, Any], int | torch.Tensor] | None,
     parameters: Callable[[], list[torch.Tensor]],
     steps: StepPrograms | None = None,
 ) -> SegmentExecutor:
