@@ -2,7 +2,7 @@
 
 A trained figure moves with the seed and with the machine's arithmetic: torch's thread count changes the order of
 its sums, another CPU's kernels round otherwise, and training compounds the difference. One run's figure therefore
-says little on its own; the README gives each figure as the range this script measures, and reads a difference
+says little on its own; each example's page gives each figure as the range this script measures, and reads a difference
 between two figures only where it has the same sign in every run (the ``a - b`` columns, computed run by run).
 
 Each (seed, thread count) runs in a fresh process (``OMP_NUM_THREADS`` and ``torch.set_num_threads`` set before the
@@ -219,9 +219,9 @@ example's defaults but `--seed`. Other jobs shared the cores at times, which mov
 figures.
 
 A trained figure moves with the seed and with the machine's arithmetic: the thread count changes the order of torch's
-sums, another CPU's kernels round otherwise, and training compounds the difference. The README gives each figure as
-the spread below and reads a difference between two figures only where it has the same sign in every run (the
-`a - b` columns, computed run by run).
+sums, another CPU's kernels round otherwise, and training compounds the difference. Each example's page gives each
+figure as the spread below and reads a difference between two figures only where it has the same sign in every run
+(the `a - b` columns, computed run by run).
 
 """
 
