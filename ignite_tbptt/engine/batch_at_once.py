@@ -60,7 +60,6 @@ def run_at_once(
     ):
         return False
     listener = loop.listener
-    assert listener is not None, "the process function sets it before a run"
     handlers = listener.quiet_step_handlers()
     if handlers is None:
         return False

@@ -97,7 +97,7 @@ class LoopView(Protocol):
         """The batches' time and batch axes."""
 
     @property
-    def listener(self) -> LoopListener | None:
+    def listener(self) -> LoopListener:
         """What the loop reports to (set before a run)."""
 
     def open_window(self) -> None:

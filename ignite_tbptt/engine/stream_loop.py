@@ -104,6 +104,10 @@ class StreamLoop:
         ValueError: as :meth:`use_source`.
     """
 
+    #: What the loop reports each boundary to: the process function's, set as it attaches to its engine, before
+    #: any batch runs.
+    listener: LoopListener
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -129,7 +133,6 @@ class StreamLoop:
         self.use_source(source)
         #: The model has parameters sharded by FSDP2 and runs in a distributed group (:meth:`start_run`).
         self.sharded = False
-        self.listener: LoopListener | None = None
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.attributes_checked = False  # the model's attributes were checked for graphs after a first window
 
@@ -296,7 +299,7 @@ class StreamLoop:
         """
         out.loss.add(result.loss, result.targets, plan.whole_window)
         self.optimizer_step.accumulate(result.targets, plan.backward_mean)
-        self._listening().targets_processed(result.targets)
+        self.listener.targets_processed(result.targets)
         out.predictions.append(result.predictions)
         if plan.closes_window:
             self.close_window(plan.end, batch.stream_continues(plan.end), swept, taken)
@@ -308,7 +311,7 @@ class StreamLoop:
             self.model.train()
         self.optimizer_step.window_started()
         self.stream.open_window()
-        self.planner.open_window(self.stream.position, self._listening().window_started())
+        self.planner.open_window(self.stream.position, self.listener.window_started())
 
     def close_window(self, end: int, stream_continues: bool, swept: bool = False, taken: Any = None) -> None:
         """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due.
@@ -317,7 +320,7 @@ class StreamLoop:
         dropped. ``taken``: a batch program took the step the window completes, with this decision and these
         handlers' outputs.
         """
-        stream, executor, listener = self.stream, self.executor, self._listening()
+        stream, executor, listener = self.stream, self.executor, self.listener
         plan = self.planner.close(end, stream_continues, stream.history.starts())
         if swept:
             assert isinstance(executor, ProgramExecutor), "only a program executor sweeps a window at once"
@@ -364,7 +367,7 @@ class StreamLoop:
             self.failed = error
 
     def _step(self, taken: Any) -> None:
-        step, listener = self.optimizer_step, self._listening()
+        step, listener = self.optimizer_step, self.listener
         # Retained segments need nothing of the step: their weights were copied before it (take_step).
         handlers = listener.step_handlers() if step.programs is not None else None
         targets = step.prepare(listener.position(), handlers, taken)
@@ -384,12 +387,6 @@ class StreamLoop:
             self.take_step()
         self.collect_failure()
         self.reset_stream()
-
-    def _listening(self) -> LoopListener:
-        # The process function's listener, set as it attaches to its engine: before any batch runs.
-        listener = self.listener
-        assert listener is not None, "the loop reports to a listener, set before a run"
-        return listener
 
     def collect_failure(self) -> None:
         """Read the device's decisions on the steps taken (one read, where the iteration's output is read anyway)."""

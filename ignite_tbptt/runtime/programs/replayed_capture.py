@@ -301,8 +301,8 @@ class RecordedGraph:
     """
 
     def __init__(self, ops: list[_Op], externals: list[_External], uses: list[_Use], what: str) -> None:
-        self.ops, self.externals, self.uses, self.what = ops, externals, uses, what
-        self._calls = [_Call(op) for op in ops]
+        self.externals, self.uses, self.what = externals, uses, what
+        self._calls = [_Call(op) for op in ops]  # what a replay runs: the recorded operators, made ready once
         self._captured_run = True  # the capture ran the program: the first replay has nothing left to do
 
     def replay(self) -> None:
