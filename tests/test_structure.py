@@ -225,9 +225,18 @@ def test_how_windows_run_is_decided_once():
         for node in ast.walk(ast.parse(p.read_text()))
         if isinstance(node, ast.Attribute) and node.attr == "replayable"
     }
-    # The plans' replayable: read by the second executor, and by the loop's check that the rest of a batch can run
-    # as one batch program.
-    assert readers == {"runtime/programs/executor.py", "engine/stream_loop.py", "engine/batch_at_once.py"}, readers
+    # The plans' replayable: read by planning alone (which windows one batch program runs); the source's, by the
+    # loop as the source is installed.
+    assert readers == {"planning/execution.py", "engine/stream_loop.py"}, readers
+    # How a window runs where programs may run: planned in planning/execution.py, asked only by the two modules
+    # that run what it says; the runtime only says why it runs none now (ProgramExecutor.blocked).
+    askers = {
+        str(p.relative_to(PACKAGE))
+        for p in MODULES
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Name) and node.id in ("plan_window", "batch_windows")
+    }
+    assert askers == {"engine/window_at_once.py", "engine/batch_at_once.py"}, askers
 
 
 def test_the_engine_imports_the_runtime_through_its_public_names():

@@ -1,23 +1,21 @@
 """Whether a batch's windows run as one batch program, and the program's run; the host then walks the batch.
 
-:func:`run_at_once` checks what :mod:`ignite_tbptt.runtime.programs.batch` lists, plans the batch's windows with a
-copy of the stream's planner (the trainer's own decisions, made again on the side), runs them and their optimizer
-steps as one program, and returns the program's results. :meth:`StreamLoop.run_batch
-<ignite_tbptt.engine.stream_loop.StreamLoop.run_batch>` then walks those windows from the results: the stream's
-position, the windows' losses and counts, the counters, the events and the decisions are the host's as after
-windows run one by one.
+:func:`run_at_once` checks what the engine must allow (:mod:`ignite_tbptt.runtime.programs.batch` lists it), takes
+the batch's windows planning gives one program (:func:`~ignite_tbptt.planning.batch_windows`), runs them and their
+optimizer steps as one program, and walks those windows from the program's results: the stream's position, the
+windows' losses and counts, the counters, the events and the decisions are the host's as after windows run one by
+one.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from ..planning import BatchPlan
-from ..runtime import BatchProgram, BatchResults, BatchWindow, profiling
+from ..planning import BatchPlan, SegmentPlan, batch_windows
+from ..runtime import BatchProgram, BatchResults, BatchWindow, ProgramExecutor
 from .loop_protocols import LoopView
 
 __all__ = ["run_at_once"]
@@ -25,12 +23,12 @@ __all__ = ["run_at_once"]
 
 def run_at_once(
     loop: LoopView,
+    executor: ProgramExecutor,
     batch: BatchPlan,
     x: Any,
     y: Any,
     resets: Mapping[int, torch.Tensor | None],
     keep_predictions: bool,
-    one_window_per_step: bool,
     out: Any,
 ) -> bool:
     """Run the batch's windows from the stream's position on, and their optimizer steps, as one batch program.
@@ -42,21 +40,17 @@ def run_at_once(
     Returns:
         Whether they ran; where not, nothing changed.
     """
-    executor, step = loop.executor, loop.optimizer_step
+    step = loop.optimizer_step
     programs = step.programs
     if (
-        not executor.runs_programs
-        or keep_predictions
+        keep_predictions
         or step.scaler is not None  # whether it skipped a step is read after each, to restart an overflowed state
         or (executor.target_count_fn is not None and not step.stepped)  # a skipped first step leaves no state
         or programs is None
         or not programs.supported
         or step.distributed
         or not step.clears_directly
-        or loop.planner.window is not None
         or loop.history.segments
-        or not executor.ready()
-        or profiling()
     ):
         return False
     listener = loop.listener
@@ -64,10 +58,10 @@ def run_at_once(
     if handlers is None:
         return False
     number = listener.position().window  # the windows so far
-    planned = _windows(loop, batch, y, resets, one_window_per_step, executor.target_count_fn is not None, number)
-    if planned is None:
+    plans = batch_windows(loop.planner, batch, loop.stream.position, step.one_window_per_step, number)
+    if not plans:
         return False
-    windows, divisors = planned
+    windows, divisors = _windows(loop, batch, y, resets, plans, executor.target_count_fn is not None)
     _, settings = programs.ready(need_gradients=False)
     trained = [p.grad is not None for p in executor.trained]
     key: tuple = (x.shape, x.dtype, y.shape, y.dtype, windows, tuple(h.key for h in handlers.on_device), tuple(trained))
@@ -78,31 +72,28 @@ def run_at_once(
 
     step.carry_decision()
     program, results = executor.run_batch_program(key, make, settings, x, y, resets, divisors)
-    _walk(loop, batch, program, results, one_window_per_step, out)
+    _walk(loop, executor, batch, plans, program, results, out)
     return True
 
 
 def _walk(
     loop: LoopView,
+    executor: ProgramExecutor,
     batch: BatchPlan,
+    plans: tuple[SegmentPlan, ...],
     program: BatchProgram,
     results: BatchResults,
-    one_window_per_step: bool,
     out: Any,
 ) -> None:
     # The windows the program ran, walked as the host would have run them, from its results: the stream's position,
     # the windows' losses and counts, the counters, the events and the steps' decisions.
-    planner, executor = loop.planner, loop.executor
     # Each step's decision; none with a scaler.
     decisions: Sequence[torch.Tensor | None] = results.decisions or [None] * len(results.handled)
     taken = iter(zip(decisions, results.handled))
     finished = False
     try:
-        for window, mean, n in zip(program.windows, results.means, results.counts):
+        for plan, window, mean, n in zip(plans, program.windows, results.means, results.counts):
             loop.open_window()
-            step = loop.stream.position
-            plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
-            assert plan.end - batch.start == window.end, "the batch program's windows are the walk's"
             result = executor.take_batch_window(plan, mean, n)
             if window is program.windows[-1]:  # the .grad it left, before a window after it adds to them
                 finished = True
@@ -119,26 +110,17 @@ def _windows(
     batch: BatchPlan,
     y: Any,
     resets: Mapping[int, torch.Tensor | None],
-    one_window_per_step: bool,
+    plans: tuple[SegmentPlan, ...],
     counted: bool,
-    number: int,
-) -> tuple[tuple[BatchWindow, ...], list[int]] | None:
-    # The batch's windows as the loop will plan them, on a copy of its planner, up to the first that is not a whole,
-    # replayable, unrecorded window, and each step's divisor (counted by target_count_fn on the device: the targets
-    # of its windows before the batch); None where there are fewer than two. ``number``: the windows so far.
-    planner, step = copy.copy(loop.planner), loop.optimizer_step
-    offset, position = batch.start, loop.stream.position
+) -> tuple[tuple[BatchWindow, ...], list[int]]:
+    # The program's windows, and each step's divisor (counted by target_count_fn on the device: the targets of its
+    # windows before the batch).
+    step, offset = loop.optimizer_step, batch.start
     accumulated, targets = step.accumulated, step.targets
     carried = step.targets  # counted before the batch, on the host: the first step's windows of earlier batches
     windows: list[BatchWindow] = []
     divisors: list[int] = []
-    while position < batch.end:
-        number += 1
-        planner.open_window(position, number)
-        plan = planner.segment(position, batch.end, batch.stream_end, batch.next_start(position), one_window_per_step)
-        if planner.recorded or not (plan.replayable and plan.closes_window and plan.whole_window):
-            break  # the windows from here on run one by one (a sequence start inside, the batch ends inside)
-        planner.closed(planner.close(plan.end, batch.stream_continues(plan.end), []))
+    for plan in plans:
         start, end = plan.start - offset, plan.end - offset
         n = loop.layout.steps(y, start, end).numel()
         first = accumulated == 0
@@ -150,5 +132,4 @@ def _windows(
         if completes:
             divisors.append(carried if counted else 1 if plan.backward_mean else targets)
             accumulated = targets = carried = 0
-        position = plan.end
-    return (tuple(windows), divisors) if len(windows) > 1 else None
+    return tuple(windows), divisors

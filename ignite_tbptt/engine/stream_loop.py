@@ -263,20 +263,20 @@ class StreamLoop:
     ) -> None:
         stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
         offset, one_window_per_step = batch.start, self.optimizer_step.one_window_per_step
-        # Where windows run as programs; None where they run eagerly.
-        program_executor = self.executor if isinstance(self.executor, ProgramExecutor) else None
-        # Whether the rest of the batch may still run as one program (once programs may run).
-        pending = program_executor is not None
+        # Where windows may run as programs, planning decides at each window boundary; None where they run eagerly.
+        programs = self.executor if isinstance(self.executor, ProgramExecutor) else None
+        batch_asked = False  # the rest of the batch as one program: asked once, at the first boundary it may run
         while stream.position < batch.end and self.failed is None:
-            if planner.window is None:
-                if program_executor is not None and pending and program_executor.ready():
-                    pending = False
-                    if run_at_once(self, batch, x, y, resets, keep_predictions, one_window_per_step, out):
+            if planner.window is None and programs is None:
+                self.open_window()
+            elif planner.window is None and programs is not None:
+                blocked = programs.blocked()
+                if not batch_asked and blocked is None:
+                    batch_asked = True
+                    if run_at_once(self, programs, batch, x, y, resets, keep_predictions, out):
                         continue  # it walked the windows it ran
                 self.open_window()
-                if program_executor is not None and run_window(
-                    self, batch, x, y, resets, one_window_per_step, keep_predictions, out
-                ):
+                if run_window(self, programs, batch, x, y, resets, blocked, keep_predictions, out):
                     continue  # it walked the window it ran
             step = stream.position
             plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)

@@ -3,8 +3,8 @@
 The executor (:class:`SegmentExecutor`) runs one segment as its :class:`~ignite_tbptt.planning.SegmentPlan` says:
 the model call (:class:`ModelCall`), the segment's loss paid at once or owed to its window (:class:`LossRule`), and
 what the stream's :class:`RetainedHistory` keeps for the window's backward sweep. The second executor
-(:class:`ProgramExecutor`, ``cuda_graphs``, the subpackage :mod:`ignite_tbptt.runtime.programs`) runs the plans that
-say ``replayable`` as window programs, captured in CUDA graphs on a GPU, and the others as the first;
+(:class:`ProgramExecutor`, ``cuda_graphs``, the subpackage :mod:`ignite_tbptt.runtime.programs`) runs the windows
+planning gives it whole as programs, captured in CUDA graphs on a GPU, and the other segments as the first;
 :func:`build_executor` makes the one an :class:`Execution` names. With it, optimizer steps run as step programs
 (:class:`StepPrograms`) and a batch's windows as one batch program (:class:`BatchProgram`) where they can. Around
 them: the stream's state with its ``state_dict`` (:class:`StreamState`), the weights retained graphs need across

@@ -555,6 +555,17 @@ def test_shapes_past_the_limit_drop_the_least_recently_used_program_and_windows_
     assert counts.eager_windows < 40 // 4  # the stream's first windows, and those the batches end inside
 
 
+def test_each_window_run_eagerly_is_counted_with_its_reason(device):
+    # Batches of 23 steps at k1 = 5, one stream per epoch (92 steps, 19 windows): a stream's first window has no state
+    # yet and the run's second checks the returned state's cut, eagerly (3 windows); the windows the batches end
+    # inside, [20, 25), [45, 50) and [65, 70) in each epoch, run eagerly too (6); every other window runs in a program.
+    _, trainer, runs = train(True, batches(length=23), carry_hidden=True)
+    counts = trainer.state.programs
+    assert counts.eager == {"checks": 3, "batch_ends_inside": 6}
+    assert counts.eager_windows == 9 and runs == 2 * 19 - 9
+    assert counts.as_dict()["eager/batch_ends_inside"] == 6
+
+
 @pytest.mark.parametrize("k2", [5, 10], ids=["window programs", "sweep programs"])
 def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k2):
     # A graph's outputs are overwritten by its next replay, so what the host keeps is copied out; the predictions (a

@@ -33,6 +33,7 @@ Its results are the eager trainer's: the same operations on the same values, in 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
@@ -118,7 +119,12 @@ class BatchProgram:
         self.gradients: list[bool] | None = None  # which trained parameters hold a gradient after the batch
 
     def __call__(
-        self, x: torch.Tensor, y: torch.Tensor, hidden: Any, resets: dict[int, torch.Tensor], divisors: list[int]
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        hidden: Any,
+        resets: Mapping[int, torch.Tensor | None],
+        divisors: list[int],
     ) -> BatchResults:
         """Run the batch's windows and steps on ``x``, ``y`` from ``hidden``.
 
@@ -132,7 +138,9 @@ class BatchProgram:
                 buffer.copy_(t)
             for window, mask in zip(self.windows, self.starts):
                 if mask is not None:
-                    mask.copy_(resets[window.start])
+                    start = resets[window.start]
+                    assert start is not None, "a sharded model, whose steps may start no column here, runs no program"
+                    mask.copy_(start)
         for buffer, divisor in zip(self.divisors, divisors):
             buffer.fill_(divisor)
         outputs, fresh = self.program()

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from ...planning import Eager
 
 __all__ = ["ProgramCounts", "ProgramCache"]
 
@@ -26,14 +28,23 @@ class ProgramCounts:
     replays: int = 0
     #: Eager runs of programs before their capture, as CUDA's warm-up asks.
     warmups: int = 0
-    #: Windows that ran eagerly, outside any program (a stream's first, one the batch ends inside, ...).
+    #: Windows that ran eagerly, segment by segment, outside any program (a stream's first, one the batch ends
+    #: inside, ...).
     eager_windows: int = 0
     #: Programs dropped, least recently used first, to make room for a new one.
     evictions: int = 0
+    #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.Eager`'s values), those with any.
+    eager: dict[str, int] = field(default_factory=dict)
+
+    def ran_eagerly(self, reason: Eager) -> None:
+        """A window runs segment by segment, for ``reason``."""
+        self.eager_windows += 1
+        self.eager[reason.value] = self.eager.get(reason.value, 0) + 1
 
     def as_dict(self) -> dict[str, int]:
-        """The counts by name."""
-        return asdict(self)
+        """The counts by name, the eager windows' reasons as ``eager/<reason>``."""
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "eager"}
+        return {**counts, **{f"eager/{reason}": n for reason, n in self.eager.items()}}
 
 
 class ProgramCache:

@@ -2,19 +2,17 @@
 
 Where the model is small, a GPU step is bound by kernel launches: a window of a GRU of 8 units is some fifty
 launches of a few microseconds each. A CUDA graph records them once and replays them as one. What a graph can
-replay is a window whose whole course is fixed before it runs: a window that opens and closes in one model call,
-whose loss is backpropagated at once and of which nothing is retained (its plan says
-:attr:`~ignite_tbptt.planning.SegmentPlan.replayable`; at k1 = k2, every window of a stream but the first), with the
-hidden-state reset of columns that start a sequence at its first step as a mask. Such a window is a sweep program
-of one call that reaches nothing (:mod:`~ignite_tbptt.runtime.programs.sweep`): its input, targets, hidden state
-and reset mask are copied into static buffers, the model, the loss (with ``target_count_fn``'s count, on the device)
-and the backward pass run on them, and the window's gradients (the program's outputs) are added into the
-parameters' static ``.grad`` buffers after each run as autograd's backward pass would add them, once its target
-count is read (none without targets). :class:`ProgramExecutor` runs the plans: replayable ones so; a window of
-several model calls, or one that reaches back (k2 > k1), whole as a sweep program of its calls and reach, planned as
-it opens (:func:`~ignite_tbptt.engine.window_at_once.run_window`), which returns its segments' results to the
-stream loop; every other window (the first windows of a stream, windows the batch ends inside) as the eager
-:class:`~ignite_tbptt.runtime.SegmentExecutor` does. The optimizer step that follows a window is a step program
+replay is a window whose whole course is fixed before it runs, which planning says as the window opens
+(:func:`~ignite_tbptt.planning.plan_window`): the batch holds all of it, every step gets the gradient of the whole
+window, its gradient reach is not recorded. Such a window runs whole as one sweep program
+(:mod:`~ignite_tbptt.runtime.programs.sweep`, a window program where it is one model call reaching nothing, as every
+window at k1 = k2 but a stream's first): its input, targets, hidden state and reset masks are copied into static
+buffers, the model, the loss (with ``target_count_fn``'s count, on the device), the retained segments it reaches run
+again with their weights, and the backward pass run on them, and the window's gradients (the program's outputs)
+are added into the parameters' static ``.grad`` buffers after each run as autograd's backward pass would add them.
+:meth:`ProgramExecutor.run_sweep` returns its segments' results to the stream loop; every other window (the first
+windows of a stream, windows the batch ends inside) runs segment by segment as the eager
+:class:`~ignite_tbptt.runtime.SegmentExecutor` runs it. The optimizer step that follows a window is a step program
 where it can be (:mod:`~ignite_tbptt.runtime.programs.step`), else eager; where no handler needs the host between
 windows, the rest of a batch runs as one batch program (:mod:`~ignite_tbptt.runtime.programs.batch`), whose results
 the stream loop walks window by window.
@@ -32,12 +30,12 @@ a memory pool shared by graphs that do not run concurrently).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 
-from ...planning import ClosePlan, SegmentPlan
+from ...planning import ClosePlan, Eager, SegmentPlan
 from .. import hidden as hs
 from .. import rng
 from ..backward_sweep import Replay, Segment
@@ -56,7 +54,8 @@ from .sweep import Call, CallPass, ReachWeights, SweepProgram, reach_of
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor"]
 
-Resets = dict[int, torch.Tensor]  # the columns that start a sequence, by step of the batch
+#: The columns that start a sequence, by step of the batch (never ``None``: a sharded model runs no program).
+Resets = Mapping[int, torch.Tensor | None]
 
 
 class Execution(enum.Enum):
@@ -127,11 +126,12 @@ class WindowPass(NamedTuple):
 
 
 class ProgramExecutor(SegmentExecutor):
-    """The second executor: the plans that say ``replayable`` as window programs, the others as the eager one runs them.
+    """The second executor: a window whole as one sweep program, a batch as one batch program, as planning says.
 
-    A stream's first windows run eagerly all the same, until the checks of a model call that need an eager call are
-    done (the returned state's cut, the columns a reset handles), and so does every window while torch's profiler
-    runs. Up to ``limit`` window shapes keep a program; a new shape drops the least recently used.
+    A stream's first windows run eagerly all the same (:meth:`blocked`), until the checks of a model call that need
+    an eager call are done (the returned state's cut, the columns a reset handles), and so does every window while
+    torch's profiler runs; eager segments run as :class:`~ignite_tbptt.runtime.SegmentExecutor` runs them. Up to
+    ``limit`` window shapes keep a program; a new shape drops the least recently used.
 
     Args:
         model_call: runs the model (its autocast must not cache casts under capture).
@@ -181,38 +181,21 @@ class ProgramExecutor(SegmentExecutor):
         self.reach_weights = ReachWeights()  # the weights of the versions sweep programs reach
         self._pointers: list[int] = []  # their storage then
 
-    def run(
-        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool = False
-    ) -> SegmentResult:
-        """Run the segment of ``plan`` as a window program where it is ``replayable``, else eagerly.
-
-        Arguments, result and errors as :meth:`SegmentExecutor.run`'s; a program raises
-        :class:`~ignite_tbptt.runtime.GraphCaptureError` where its capture fails.
-        """
-        if plan.replayable and self.ready():
-            return self._run_program(plan, x, y, resets, keep_predictions)
-        if plan.start == plan.window.start:
-            self.counts.eager_windows += 1
-        return super().run(plan, x, y, resets, keep_predictions)
-
-    def ready(self) -> bool:
-        """Whether a replayable window may run as a program now (the checks that need an eager call are done)."""
+    def blocked(self) -> Eager | None:
+        """Why no window may run as a program now, or ``None`` once the checks that need an eager call are done."""
         # What a model call checks once runs eagerly: a stream's first call (no state), the call that checks that the
         # state returned was read from the state given, the call that checks the reset's columns; and every call
         # under torch's profiler, whose ranges a program would not show. In recomputation mode no eager call keeps
         # a graph to check the state's cut on.
-        return (
-            (self._state_cut_checked or self.stream.history.rebuilds)
-            and self.stream.hidden is not None
-            and self._columns_to_check is None
-            and not profiling()
-        )
-
-    def _run_program(
-        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool
-    ) -> SegmentResult:
-        # A window of one model call is a sweep program of one call that reaches nothing.
-        return self._sweep([plan], [], x, y, [resets], keep_predictions)[0]
+        if profiling():
+            return Eager.PROFILER
+        if (
+            not (self._state_cut_checked or self.stream.history.rebuilds)
+            or self.stream.hidden is None
+            or self._columns_to_check is not None
+        ):
+            return Eager.CHECKS
+        return None
 
     def run_sweep(
         self, plans: list[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool
@@ -354,7 +337,7 @@ class ProgramExecutor(SegmentExecutor):
         settings: list[dict],
         x: Any,
         y: Any,
-        resets: dict[int, torch.Tensor],
+        resets: Resets,
         divisors: list[int],
     ) -> tuple[BatchProgram, BatchResults]:
         """Run a batch's windows as the batch program of ``key`` (made by ``make`` the first time).

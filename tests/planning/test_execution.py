@@ -1,0 +1,73 @@
+"""How windows run where programs may run: planning decides, with the reason where a window runs eagerly."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ignite_tbptt import Schedule
+from ignite_tbptt.planning import Eager, StreamPlanner, batch_windows, plan_batch, plan_window
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    k1=st.integers(1, 6),
+    extra=st.integers(0, 12),
+    window=st.integers(1, 6),
+    batch_length=st.integers(1, 20),
+    starts=st.sets(st.integers(1, 19), max_size=4),
+)
+def test_a_window_runs_whole_where_the_batch_holds_it_with_the_segments_the_walk_plans(
+    k1, extra, window, batch_length, starts
+):
+    k2 = k1 + extra
+    planner = StreamPlanner(Schedule(k1, k2))
+    position = (window - 1) * k1
+    batch = plan_batch(position, batch_length, False, {s: None for s in starts if s < batch_length})
+    planner.open_window(position, window)
+    plans, eager = plan_window(planner, batch, position, False, None)
+    if position + k1 > batch.end:
+        assert (plans, eager) == ((), Eager.BATCH_ENDS_INSIDE)
+        return
+    assert eager is None
+    # The segments tile the window, each as the walk plans it: split at each sequence start and retained cut.
+    assert plans[0].start == position and plans[-1].end == position + k1 and plans[-1].closes_window
+    assert all(a.end == b.start for a, b in zip(plans, plans[1:]))
+    for plan in plans:
+        assert plan == planner.segment(plan.start, batch.end, None, batch.next_start(plan.start), False)
+    assert planner.window is not None and planner.window.start == position  # planning changed nothing
+
+
+def test_why_a_window_runs_eagerly():
+    batch = plan_batch(0, 20, False, {})
+    planner = StreamPlanner(Schedule(4, 4))
+    planner.open_window(0, 1)
+    # What the runtime says first: the first checks, the profiler.
+    assert plan_window(planner, batch, 0, False, Eager.CHECKS) == ((), Eager.CHECKS)
+    # A window whose gradient reach is recorded.
+    planner.reach.ask(every=2)
+    planner.open_window(4, 2)
+    assert plan_window(planner, batch, 4, False, None) == ((), Eager.RECORDED)
+    # k2 < k1: the steps before the cut get their own loss only.
+    planner = StreamPlanner(Schedule(5, 2))
+    planner.open_window(0, 1)
+    assert plan_window(planner, batch, 0, False, None) == ((), Eager.OWN_LOSS_ONLY)
+    # The batch ends inside the window.
+    planner = StreamPlanner(Schedule(4, 6))
+    planner.open_window(16, 5)
+    assert plan_window(planner, plan_batch(16, 3, False, {}), 16, False, None) == ((), Eager.BATCH_ENDS_INSIDE)
+
+
+def test_one_batch_program_runs_the_whole_windows_of_one_call_up_to_a_start_inside_a_window():
+    planner = StreamPlanner(Schedule(4, 4))
+    # Starts at 8 (a window's first step: its reset is a mask) and 14 (inside the window [12, 16)).
+    batch = plan_batch(0, 22, False, {8: None, 14: None})
+    windows = batch_windows(planner, batch, 0, True, 0)
+    assert [(w.start, w.end) for w in windows] == [(0, 4), (4, 8), (8, 12)]
+    assert all(w.replayable and w.backward_mean for w in windows)
+    assert planner.window is None  # planned on a copy
+    # From 12 on, the start at 14 splits the first window: no run of two.
+    assert batch_windows(planner, batch, 12, True, 3) == ()
+    # A window that records its reach ends the run: window 3 of the run.
+    planner.reach.ask(every=3)
+    assert [(w.start, w.end) for w in batch_windows(planner, batch, 0, True, 0)] == [(0, 4), (4, 8)]
+    # k2 > k1 reaches back: no window of one call.
+    assert batch_windows(StreamPlanner(Schedule(4, 6)), batch, 0, True, 0) == ()
