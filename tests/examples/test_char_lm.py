@@ -296,20 +296,20 @@ def test_processes_on_one_named_gpu_are_refused_with_the_fix(capsys, monkeypatch
 
 def test_two_processes_train_the_main_job_as_one(tmp_path, two_processes):
     args = [*STREAM, *two_processes, "--k1", "10", "--k2", "20", "--epochs", "2", "--no-progress"]
-    args += ["--checkpoint-every", "0"]
+    args += ["--checkpoint-every", "0", "--max-chars", "20000"]  # the last value of an option counts
     one = char_lm.main([*args, "--logdir", str(tmp_path / "one")])
     two = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "two")])
     # Each process trains on its 4 of the 8 columns, gradients summed at each step: the same training up to float32
-    # rounding, which Adam compounds over 150 steps (in float64, tests/engine/test_distributed.py agrees to 1e-9).
+    # rounding, which Adam compounds step after step (in float64, tests/engine/test_distributed.py agrees to 1e-9).
     assert two["valid_bpc"] == pytest.approx(one["valid_bpc"], abs=5e-3)
     assert two["valid_bpc"][1] < two["valid_bpc"][0] < one["unigram_bpc"]
 
 
 def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninterrupted_one(tmp_path, two_processes):
     args = [*STREAM, *two_processes, "--k1", "10", "--k2", "25", "--epochs", "1", "--no-progress"]
-    args += ["--checkpoint-every", "40"]
+    args += ["--checkpoint-every", "40", "--max-chars", "20000"]
     full = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "full")])
-    checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint_40.pt"  # mid-epoch (95 batches), k2 > k1
+    checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint_40.pt"  # mid-epoch (47 batches), k2 > k1
     assert checkpoint.is_file()
     resumed = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "on"), "--resume", str(checkpoint)])
     assert resumed["valid_bpc"] == [full["valid_bpc"][-1]]  # exactly: the same parameters
