@@ -2,7 +2,8 @@
 # The device check: everything in this repository that needs a GPU, as one command of a few minutes on one GPU.
 #
 #   bash benchmarks/gpu_check.sh             # on a machine with CUDA; tables and logs in gpu-check/
-#   bash benchmarks/gpu_check.sh --dry-run   # the same steps on the CPU at tiny sizes (CI runs it: it cannot rot)
+#   bash benchmarks/gpu_check.sh --dry-run   # the same steps on the CPU at tiny sizes (the suite runs it, but for
+#                                            # the fla steps, which on the CPU run tests the suite runs itself)
 #   ONLY="tests profile" bash benchmarks/gpu_check.sh   # those steps alone, the others' output in $OUT kept
 #
 # Steps, each printing its failures as they happen and writing its table or log under $OUT (default gpu-check/):
