@@ -29,7 +29,17 @@ from typing import Any, NamedTuple
 
 import torch
 
-from ..runtime import StepHandlers, StepProgram, StepPrograms, divide_and_check, profiling, skips_on_device
+from ..runtime import (
+    StepHandlers,
+    StepProgram,
+    StepPrograms,
+    divide_and_check,
+    gradients_of,
+    profiling,
+    skips_on_device,
+    step_optimizer,
+    unscale_and_divide,
+)
 from . import distributed
 
 __all__ = ["OptimizerStep", "RunPosition"]
@@ -174,14 +184,11 @@ class OptimizerStep:
             return targets
         if handlers is not None and self._in_program(divisor, handlers, position):
             return targets
-        if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
-        grads = [g for group in self.optimizer.param_groups for p in group["params"] if (g := p.grad) is not None]
-        if grads:
-            if self.scaler is not None:  # the scaler checked them while unscaling
-                if divisor != 1:
-                    torch._foreach_div_(grads, divisor)
-            elif self.skips_on_device and not (self.reads_cpu_decisions and grads[0].is_cpu):
+        grads = gradients_of(self.optimizer)
+        if self.scaler is not None:  # the scaler checks them while unscaling
+            unscale_and_divide(self.optimizer, self.scaler, grads, divisor)
+        elif grads:
+            if self.skips_on_device and not (self.reads_cpu_decisions and grads[0].is_cpu):
                 found_inf = self._found_inf
                 self._due = divide_and_check(grads, divisor, found_inf[-1][0] if found_inf else None)
                 found_inf.append((self._due, position))
@@ -262,37 +269,9 @@ class OptimizerStep:
                 self._found_inf.append((found.clone(), position))
             # With a scaler, whether it skipped the step: one read, as the eager step reads it.
             return skipped is not None and bool(skipped.item())
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)
-            scaler_skipped = self._scaler_skipped()
-            self.scaler.update()
-            return scaler_skipped
-        if self._due is not None:
-            self.optimizer.found_inf, self._due = self._due, None
-            try:
-                self.optimizer.step()
-            finally:
-                del self.optimizer.found_inf
-        else:
-            self.optimizer.step()
-        return False
-
-    def _scaler_skipped(self) -> bool:
-        """Whether ``scaler.step`` skipped the step for inf/NaN gradients: one read, before ``update()`` forgets.
-
-        The finiteness flags ``unscale_`` left per device (``GradScaler._found_inf_per_device``, what its own
-        ``step`` decided on), rather than the scale before and after ``update()``, which costs two reads.
-        """
-        scaler = self.scaler
-        assert scaler is not None, "called for a step with a scaler only"
-        if not scaler.is_enabled():
-            return False
-        flags = list(scaler._found_inf_per_device(self.optimizer).values())
-        if not flags:  # no gradients to check
-            return False
-        if len(flags) == 1:
-            return bool(flags[0].item())
-        return bool(torch.stack([f.to(flags[0].device) for f in flags]).amax().item())
+        due, self._due = self._due, None
+        skipped = step_optimizer(self.optimizer, self.scaler, due)  # with a scaler: whether it skipped, one read
+        return skipped is not None and bool(skipped.item())
 
     def forget_failure(self) -> None:
         """Forget the device's decisions on the steps taken so far, unread (an interrupted run's)."""

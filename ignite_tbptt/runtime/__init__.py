@@ -9,10 +9,11 @@ planning gives it whole as programs, captured in CUDA graphs on a GPU, and the o
 (:class:`StepPrograms`) and a batch's windows as one batch program (:class:`BatchProgram`) where they can. Around
 them: the stream's state with its ``state_dict`` (:class:`StreamState`), the weights retained graphs need across
 optimizer steps (:class:`ParameterVersions`), hidden states as trees of tensors and their per-column reset, the
-replay of a segment's random state for recomputation, the gradients' division and inf/NaN check at an optimizer
-step, what ``torch.compile`` and FSDP2 need, state kept in module attributes, and the refusal of a model that writes
-into the state it was given. Modules here import torch, :mod:`ignite_tbptt.planning` and each other, never ignite. A
-new kind of hidden state (how it is flattened, detached, reset) goes here.
+replay of a segment's random state for recomputation, the optimizer step's body (the gradients' division and
+inf/NaN check, the step, the scale's update; eager and in programs alike), what ``torch.compile`` and FSDP2 need,
+state kept in module attributes, and the refusal of a model that writes into the state it was given. Modules here
+import torch, :mod:`ignite_tbptt.planning` and each other, never ignite. A new kind of hidden state (how it is
+flattened, detached, reset) goes here.
 """
 
 from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
@@ -49,6 +50,7 @@ from .programs import (
 from .reset import check_resettable, default_reset_hidden, reset_to
 from .rng import refuse_own_dropout_state
 from .sharded import is_sharded, reduce_gradients_by_sum
+from .step_body import gradients_of, step_optimizer, unscale_and_divide
 from .stream import StreamState
 from .weight_versions import ParameterVersions, WeightVersion
 
@@ -79,6 +81,9 @@ __all__ = [
     "LossSum",
     "divide_and_check",
     "skips_on_device",
+    "gradients_of",
+    "unscale_and_divide",
+    "step_optimizer",
     "Execution",
     "build_executor",
     "ProgramExecutor",

@@ -52,6 +52,7 @@ from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from torch.utils import _pytree as pytree
 
 from ..gradients import divide_and_check, skips_on_device
+from ..step_body import gradients_of, step_optimizer, unscale_and_divide
 from .cache import ProgramCache, ProgramCounts
 from .capture import GraphCapture, Program
 from .replayed_capture import ReplayedCapture
@@ -253,20 +254,15 @@ class StepPrograms:
             ``None``.
         """
         optimizer, scaler = self.optimizer, self.scaler
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grads = gradients_of(optimizer)
         if scaler is not None:
-            scaler.unscale_(optimizer)  # checks them too, into the scaler's own decision
-            dtypes = {g.dtype for g in grads}
-            if dtypes == {torch.float32}:  # a float32 divisor keeps torch's fused kernel; a count below 2**24 is exact
-                divisor = divisor.float()
-            torch._foreach_div_(grads, divisor)
+            unscale_and_divide(optimizer, scaler, grads, divisor)
             return dict(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"])
-        else:
-            found = self.found
-            assert found is not None, "ready() made the buffers before any program runs"
-            decision = divide_and_check(grads, divisor, into=found)
-            if decision is not found:  # several groups (dtypes, devices): only the first checked into it
-                found.copy_(decision)
+        found = self.found
+        assert found is not None, "ready() made the buffers before any program runs"
+        decision = divide_and_check(grads, divisor, into=found)
+        if decision is not found:  # several groups (dtypes, devices): only the first checked into it
+            found.copy_(decision)
         return None
 
     def unscaled(self, found: dict) -> None:
@@ -298,25 +294,14 @@ class StepPrograms:
         optimizer, scaler = self.optimizer, self.scaler
         shared: dict = {}
         outputs = [handler.device_part(shared) for handler in handlers]
-        skipped = None
+        # Without a scaler, the optimizer skips itself on the device where the decision (or ``skip``) is 1.0.
+        found = None if scaler is not None else skip if skip is not None else self.found
         groups = optimizer.param_groups
         rates = [group["lr"] for group in groups]
         for group, lr in zip(groups, self.lrs):
             group["lr"] = lr
         try:
-            if scaler is not None:
-                scaler.step(optimizer)
-                if scaler.is_enabled():
-                    flags = list(scaler._found_inf_per_device(optimizer).values())
-                    if flags:
-                        skipped = torch.stack([f.to(flags[0].device) for f in flags]).amax()
-                scaler.update()
-            else:
-                optimizer.found_inf = self.found if skip is None else skip
-                try:
-                    optimizer.step()
-                finally:
-                    del optimizer.found_inf
+            skipped = step_optimizer(optimizer, scaler, found)
         finally:
             for group, rate in zip(groups, rates):
                 group["lr"] = rate
