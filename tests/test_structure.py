@@ -223,20 +223,20 @@ def test_how_windows_run_is_decided_once():
         str(p.relative_to(PACKAGE))
         for p in MODULES
         for node in ast.walk(ast.parse(p.read_text()))
-        if isinstance(node, ast.Attribute) and node.attr == "replayable"
+        if isinstance(node, ast.Attribute) and node.attr in ("self_contained", "allows_programs")
     }
-    # The plans' replayable: read by planning alone (which windows one batch program runs); the source's, by the
-    # loop as the source is installed.
+    # The plans' self_contained: read by planning alone (which windows one batch program runs); the source's
+    # allows_programs, by the loop as the source is installed.
     assert readers == {"planning/execution.py", "engine/stream_loop.py"}, readers
-    # How a window runs where programs may run: planned in planning/execution.py, asked only by the two modules
-    # that run what it says; the runtime only says why it runs none now (ProgramExecutor.blocked).
+    # How a window runs where programs may run: planned in planning/execution.py, asked only by the module that
+    # runs what it says; the runtime only says why it runs none now (ProgramExecutor.blocked).
     askers = {
         str(p.relative_to(PACKAGE))
         for p in MODULES
         for node in ast.walk(ast.parse(p.read_text()))
         if isinstance(node, ast.Name) and node.id in ("plan_window", "batch_windows")
     }
-    assert askers == {"engine/window_at_once.py", "engine/batch_at_once.py"}, askers
+    assert askers == {"engine/program_runs.py"}, askers
 
 
 def test_the_engine_imports_the_runtime_through_its_public_names():

@@ -2,9 +2,8 @@
 
 The loop (:class:`~ignite_tbptt.engine.stream_loop.StreamLoop`) fires no event: it reports each window's and each
 step's boundary to a :class:`LoopListener`. Deciding whether the next windows run as one sweep or batch program
-(:mod:`~ignite_tbptt.engine.window_at_once`, :mod:`~ignite_tbptt.engine.batch_at_once`) reads the loop's planner,
-stream, executor and optimizer step as a :class:`LoopView`, and walks the windows it ran through it, so that those
-modules need not import the loop.
+(:mod:`~ignite_tbptt.engine.program_runs`) reads the loop's planner, stream, executor and optimizer step as a
+:class:`LoopView`, and walks the windows it ran through it, so that the module need not import the loop.
 """
 
 from __future__ import annotations

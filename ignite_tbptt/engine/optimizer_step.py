@@ -223,7 +223,7 @@ class OptimizerStep:
         A refused step refuses every later one, until the decisions are read.
         """
         if self._eager_decision:
-            # Set only with step programs (prepare), whose ready() made the buffer before a program is chosen.
+            # Set only with step programs (prepare), whose fill_buffers() made the buffer before a program is chosen.
             found = self.programs.found if self.programs is not None else None
             assert found is not None, "an eager decision is carried only into the step programs' buffer"
             found.copy_(self._found_inf[-1][0])
@@ -265,7 +265,7 @@ class OptimizerStep:
             skipped = program.step()
             if self.scaler is None:  # its decision, kept for take_failure(): the buffer goes on to the next step
                 found = program.programs.found
-                assert found is not None, "the step programs' ready() made it before the program was chosen"
+                assert found is not None, "the step programs' fill_buffers() made it before the program was chosen"
                 self._found_inf.append((found.clone(), position))
             # With a scaler, whether it skipped the step: one read, as the eager step reads it.
             return skipped is not None and bool(skipped.item())

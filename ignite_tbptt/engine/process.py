@@ -380,7 +380,7 @@ class _EngineListener:
             if not all(reads_state_only(func) for func, _, _ in handlers[i]):
                 return None
         inside = self.step_handlers()
-        return None if inside.on_host else inside
+        return None if inside.host_first else inside
 
     def step_started(self, targets: int, in_program: int = 0) -> None:
         state = tbptt_state(self.engine)

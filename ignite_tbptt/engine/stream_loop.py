@@ -34,10 +34,9 @@ from ..runtime import (
     reach_profile,
 )
 from . import distributed
-from .batch_at_once import run_at_once
 from .loop_protocols import CompletedWindow, LoopListener
 from .optimizer_step import OptimizerStep
-from .window_at_once import run_window
+from .program_runs import run_batch_program, run_window_program
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
 
@@ -73,7 +72,7 @@ def _check_sharded_takes(source: WindowSource, programs: bool) -> None:
 def _check_programs_take(source: WindowSource, call: ModelCall, parameters: list[torch.Tensor]) -> None:
     # What programs cannot run, refused as the source is installed. Windows that reach back run retained segments
     # again with the weights they ran with, swapped into the model and the initial state.
-    if not source.replayable:
+    if not source.allows_programs:
         k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
         raise ValueError(
             f"cuda_graphs captures fixed windows of TBPTT(k1, k2) with k2 >= k1; {type(source).__name__} has "
@@ -168,7 +167,7 @@ class StreamLoop:
 
         Raises:
             ValueError: if windows run as window programs (``cuda_graphs``) and ``source``'s windows are not
-                :attr:`~ignite_tbptt.planning.WindowSource.replayable` (k2 < k1, windows of varying length with
+                :attr:`~ignite_tbptt.planning.WindowSource.allows_programs` (k2 < k1, windows of varying length with
                 k2 != k1, ARTBP), or reach back while the optimizer trains parameters that are neither the model's
                 nor ``initial_state``'s (:class:`~ignite_tbptt.runtime.SwappedWeights`).
         """
@@ -273,10 +272,10 @@ class StreamLoop:
                 blocked = programs.blocked()
                 if not batch_asked and blocked is None:
                     batch_asked = True
-                    if run_at_once(self, programs, batch, x, y, resets, keep_predictions, out):
+                    if run_batch_program(self, programs, batch, x, y, resets, keep_predictions, out):
                         continue  # it walked the windows it ran
                 self.open_window()
-                if run_window(self, programs, batch, x, y, resets, blocked, keep_predictions, out):
+                if run_window_program(self, programs, batch, x, y, resets, blocked, keep_predictions, out):
                     continue  # it walked the window it ran
             step = stream.position
             plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)

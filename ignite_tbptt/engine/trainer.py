@@ -182,7 +182,7 @@ def _optimizer_step(optimizer: Any, scaler: Any, accumulation: int, execution: E
 
 
 def _execution(cuda_graphs: Any, device_type: str) -> Execution:
-    # The one decision of how windows run; which windows a program may run is the plans' (SegmentPlan.replayable),
+    # The one decision of how windows run; which windows a program may run is the plans' (planning/execution.py),
     # and whether the window source allows programs, the stream loop's as the source is installed.
     if cuda_graphs is False or cuda_graphs is None:
         return Execution.EAGER

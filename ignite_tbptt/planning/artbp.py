@@ -156,7 +156,7 @@ class ARTBP(WindowSource):
         return False
 
     @property
-    def replayable(self) -> bool:
+    def allows_programs(self) -> bool:
         """No program runs these windows: the gradient crossing a candidate point is reweighted inside the sweep."""
         return False
 

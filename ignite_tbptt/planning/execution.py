@@ -9,7 +9,7 @@ one batch program (:mod:`ignite_tbptt.runtime.programs.batch`) where at least tw
 position on are each one model call paid at once (:func:`batch_windows`) and nothing of the engine needs the host
 between them. What the runtime and the engine know (the model call's first checks, torch's profiler, the handlers)
 reaches this module as the reason it gives, or as a flag; the window sources say what they allow
-(:attr:`~ignite_tbptt.planning.WindowSource.replayable`), which the trainer checks as a source is installed.
+(:attr:`~ignite_tbptt.planning.WindowSource.allows_programs`), which the trainer checks as a source is installed.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def batch_windows(
     """The windows from ``position`` on that one batch program may run, each one segment; ``()`` where under two.
 
     They run up to the first that is not a whole window of one model call paid at once of which nothing is
-    retained (:attr:`~ignite_tbptt.planning.SegmentPlan.replayable`), or whose gradient reach is recorded: a
+    retained (:attr:`~ignite_tbptt.planning.SegmentPlan.self_contained`), or whose gradient reach is recorded: a
     sequence start inside a window, or the batch ending inside one, ends the run. The windows are planned on a copy
     of ``planner``, between windows; ``number``: the run's windows so far.
 
@@ -129,7 +129,7 @@ def batch_windows(
         number += 1
         planner.open_window(position, number)
         plan = planner.segment(position, batch.end, batch.stream_end, batch.next_start(position), one_window_per_step)
-        if planner.recorded or not plan.replayable:
+        if planner.recorded or not plan.self_contained:
             break
         planner.closed(planner.close(plan.end, batch.stream_continues(plan.end), []))
         windows.append(plan)

@@ -61,7 +61,7 @@ class K2Rule:
         return self.k2 > self.k1
 
     @property
-    def replayable(self) -> bool:
+    def allows_programs(self) -> bool:
         """Windows of varying length run as programs only where k1 = k2: other cuts fall at places of every kind.
 
         A cut ``k2 - k1`` before a window's start falls anywhere inside an earlier window, so that its parts have
@@ -106,7 +106,7 @@ class Schedule(K2Rule, WindowSource):
         positive_int("k2", self.k2, "a number of time steps")
 
     @property
-    def replayable(self) -> bool:
+    def allows_programs(self) -> bool:
         """Window and sweep programs run every k2 >= k1; k2 < k1 gives the steps before each cut their own loss only."""
         return self.k2 >= self.k1
 

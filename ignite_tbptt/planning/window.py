@@ -69,10 +69,10 @@ class WindowSource(ABC):
         return True
 
     @property
-    def replayable(self) -> bool:
+    def allows_programs(self) -> bool:
         """Whether the windows may run as programs (``cuda_graphs``): window programs and sweep programs.
 
-        A window of one model call paid at once is a window program (:attr:`SegmentPlan.replayable`), any other a
+        A window of one model call paid at once is a window program (:attr:`SegmentPlan.self_contained`), any other a
         sweep program, which needs every step to get the gradient of the whole window (no k2 < k1 cut) and windows
         of a few shapes. By default, a source whose backward passes never reach an earlier window.
         """

@@ -16,7 +16,7 @@ import torch, :mod:`ignite_tbptt.planning` and each other, never ignite. A new k
 flattened, detached, reset) goes here.
 """
 
-from .backward_sweep import Replay, RetainedHistory, Segment, reach_profile
+from .backward_sweep import Recomputation, RetainedHistory, Segment, reach_profile
 from .compiled import retainable
 from .executor import SegmentExecutor, SegmentResult
 from .gradients import divide_and_check, skips_on_device
@@ -61,7 +61,7 @@ __all__ = [
     "StreamState",
     "RetainedHistory",
     "Segment",
-    "Replay",
+    "Recomputation",
     "reach_profile",
     "ParameterVersions",
     "WeightVersion",

@@ -31,11 +31,11 @@ from .compiled import retainable
 from .model_call import ModelCall
 from .weight_versions import ParameterVersions, WeightVersion
 
-__all__ = ["Replay", "Segment", "RetainedHistory", "load_weights", "reach_profile"]
+__all__ = ["Recomputation", "Segment", "RetainedHistory", "load_weights", "reach_profile"]
 
 
 @dataclass(eq=False)
-class Replay:
+class Recomputation:
     """What recomputing a segment's forward pass needs: its input, input hidden state, random state and weights.
 
     Attributes:
@@ -67,7 +67,7 @@ class Segment:
             recomputed segment's graph is not built).
         y_pred: prediction tensors whose loss gradient is still owed (``None`` once paid).
         y_grad: the (possibly scaled) loss gradient for ``y_pred``, computed when the segment ran.
-        replay: how to recompute the segment, for checkpoints and recomputation mode.
+        recomputation: how to recompute the segment, for checkpoints and recomputation mode.
         loss: the (possibly scaled) loss of a window's last segment, still attached to its predictions: its
             window's sweep starts right after it ran, so the first traversal backpropagates the loss with it, in
             one call instead of two. The loss graph is freed with that traversal.
@@ -79,7 +79,7 @@ class Segment:
     outputs: list[torch.Tensor] | None
     y_pred: list[torch.Tensor] | None = None
     y_grad: list[torch.Tensor | None] | None = None
-    replay: Replay | None = None
+    recomputation: Recomputation | None = None
     loss: torch.Tensor | None = None
 
     def backward(self, hidden_grad: list[torch.Tensor | None] | None, retain: bool) -> list[torch.Tensor | None]:
@@ -110,10 +110,10 @@ class Segment:
         return reached
 
 
-def _replay_of(segment: Segment) -> Replay:
-    if segment.replay is None:  # every segment the history keeps has one; a Segment made by hand may not
+def _recomputation_of(segment: Segment) -> Recomputation:
+    if segment.recomputation is None:  # every segment the history keeps has one; a Segment made by hand may not
         raise RuntimeError(f"the segment [{segment.start}, {segment.end}) was kept without what rebuilds it.")
-    return segment.replay
+    return segment.recomputation
 
 
 def _add_roots(roots: list, grads: list, tensors: list[torch.Tensor], gradients: list) -> None:
@@ -203,7 +203,7 @@ class RetainedHistory:
         """Drop every retained graph (at the end of a stream, or after a skipped optimizer step)."""
         self.segments.clear()
 
-    def keep_only_replays(self, count: int) -> None:
+    def keep_only_recomputations(self, count: int) -> None:
         """The newest ``count`` segments keep what recomputes them and drop their graphs.
 
         A program that runs them again (a sweep program's reach) must not run while their eager graphs live: those
@@ -211,7 +211,7 @@ class RetainedHistory:
         later eager sweep rebuilds them, as recomputation does.
         """
         for segment in self.segments[len(self.segments) - count :] if count else ():
-            if segment.replay is not None:
+            if segment.recomputation is not None:
                 segment.inputs, segment.outputs, segment.y_pred = [], None, None
 
     def starts(self) -> list[int]:
@@ -255,25 +255,24 @@ class RetainedHistory:
         with self._rebuilt(segment):
             return segment.backward(hidden_grad, retain=False)
 
-    def replay(self, replay: Replay, keep_weights: bool) -> tuple[list[torch.Tensor], Any, Any]:
-        """Run a segment's forward pass again from ``replay``, with the weights the model holds now.
+    def recompute(self, recomputation: Recomputation, keep_weights: bool) -> tuple[list[torch.Tensor], Any, Any]:
+        """Run a segment's forward pass again from ``recomputation``, with the weights the model holds now.
 
         Returns:
             The new input hidden-state leaves, the predictions and the output hidden state.
         """
-        hidden_in, inputs = (
-            (None, []) if replay.hidden is None else hs.as_leaves(replay.hidden, replay.hidden_requires_grad)
-        )
-        with rng.replayed(replay.rng, replay.x.device):
-            y_pred, hidden_out = self.model_call(replay.x, hidden_in, self.versions, keep_weights, replay.starts)
+        r = recomputation
+        hidden_in, inputs = (None, []) if r.hidden is None else hs.as_leaves(r.hidden, r.hidden_requires_grad)
+        with rng.restored(r.rng, r.x.device):
+            y_pred, hidden_out = self.model_call(r.x, hidden_in, self.versions, keep_weights, r.starts)
         return inputs, y_pred, hidden_out
 
     @contextmanager
     def _rebuilt(self, segment: Segment) -> Iterator[None]:
         """Recompute ``segment``'s graph with the weights and random state it first ran with, for one backward."""
-        replay = _replay_of(segment)
+        recomputation = _recomputation_of(segment)
         params = self.parameters()
-        version = replay.version if replay.version is not None and replay.version.frozen else None
+        version = recomputation.version if recomputation.version is not None and recomputation.version.frozen else None
         old = version is not None
         current = [p.detach().clone() for p in params] if old else None
         # The parameters are borrowed and given back bit for bit: their version counters say so. Counted, the two
@@ -284,7 +283,7 @@ class RetainedHistory:
             if version is not None:
                 load_weights(params, self._versions().values(version))
             try:
-                inputs, y_pred, hidden_out = self.replay(replay, keep_weights=False)
+                inputs, y_pred, hidden_out = self.recompute(recomputation, keep_weights=False)
                 segment.inputs, segment.outputs = inputs, hs.flatten(hidden_out)
                 if segment.y_grad is not None:
                     segment.y_pred = hs.flatten(y_pred)
@@ -299,22 +298,22 @@ class RetainedHistory:
         """What rebuilds the history: ``segments`` (input, hidden state, random state, owed gradient, weights)."""
         versions: list[WeightVersion] = []
         for segment in self.segments:
-            version = _replay_of(segment).version
+            version = _recomputation_of(segment).version
             if version is not None and all(version is not v for v in versions):
                 versions.append(version)
         segments = []
         for segment in self.segments:
-            replay = _replay_of(segment)
+            recomputation = _recomputation_of(segment)
             segments.append(
                 {
                     "start": segment.start,
                     "end": segment.end,
-                    "x": replay.x,
-                    "hidden": hs.detached(replay.hidden),
-                    "hidden_requires_grad": replay.hidden_requires_grad,
-                    "starts": replay.starts,
-                    "rng": replay.rng,
-                    "version": next((i for i, v in enumerate(versions) if v is replay.version), None),
+                    "x": recomputation.x,
+                    "hidden": hs.detached(recomputation.hidden),
+                    "hidden_requires_grad": recomputation.hidden_requires_grad,
+                    "starts": recomputation.starts,
+                    "rng": recomputation.rng,
+                    "version": next((i for i, v in enumerate(versions) if v is recomputation.version), None),
                     "y_grad": segment.y_grad,
                 }
             )
@@ -366,12 +365,12 @@ class RetainedHistory:
 
     def _rebuilt_segment(self, saved: dict[str, Any]) -> Segment:
         version = self.versions.current if self.versions is not None else None
-        replay = Replay(
+        recomputation = Recomputation(
             saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"], saved.get("starts")
         )
-        segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], replay)
+        segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], recomputation)
         if not self.rebuilds:  # recomputation mode rebuilds graphs in the sweep anyway
-            segment.inputs, y_pred, hidden_out = self.replay(replay, keep_weights=self.versions is not None)
+            segment.inputs, y_pred, hidden_out = self.recompute(recomputation, keep_weights=self.versions is not None)
             segment.outputs = hs.flatten(hidden_out)
             segment.y_pred = hs.flatten(y_pred) if saved["y_grad"] is not None else None
         return segment

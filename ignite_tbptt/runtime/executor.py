@@ -19,7 +19,7 @@ import torch
 from ..planning import ClosePlan, SegmentPlan
 from . import hidden as hs
 from . import rng
-from .backward_sweep import Replay, Segment
+from .backward_sweep import Recomputation, Segment
 from .in_place import StateWrittenInPlace
 from .loss_rule import LossRule
 from .model_call import ModelCall
@@ -102,10 +102,12 @@ class SegmentExecutor:
         stream = self.stream
         hidden, versions = stream.hidden, stream.history.versions
         hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
-        replay = None
+        recomputation = None
         if not plan.backward_now:
             version = versions.current if versions is not None else None
-            replay = Replay(x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets)
+            recomputation = Recomputation(
+                x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets
+            )
         y_pred, hidden_out = self._forward(plan, x, hidden_in, resets)
         if not self._state_cut_checked and hs.has_graph(hidden):  # once, before its backward pass
             check_state_cut(hidden_out, hidden)
@@ -138,10 +140,10 @@ class SegmentExecutor:
             # take none: a window of one segment from its cut, as every window at k1 = k2).
             segment = Segment(plan.start, plan.end, inputs, [])
             if plan.loss_in_sweep:
-                segment.replay, segment.loss = replay, root
+                segment.recomputation, segment.loss = recomputation, root
                 segment.outputs = hs.flatten(hidden_out)
             elif y_owed is not None:  # not plan.backward_now (detaches_predictions, here): its gradient is owed
-                segment.replay, segment.y_grad = replay, [t.grad for t in y_owed] if backward else None
+                segment.recomputation, segment.y_grad = recomputation, [t.grad for t in y_owed] if backward else None
                 if plan.rebuilt:  # the sweep builds its graph again
                     segment.inputs, segment.outputs = [], None
                 else:

@@ -1,4 +1,4 @@
-"""Capture and replay the random state of a forward pass, so that a recomputed segment draws the same dropout."""
+"""Capture and restore the random state of a forward pass, so that a recomputed segment draws the same dropout."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["RNGState", "capture", "replayed", "own_dropout_state", "refuse_own_dropout_state"]
+__all__ = ["RNGState", "capture", "restored", "own_dropout_state", "refuse_own_dropout_state"]
 
 _OWN_DROPOUT_STATE = (
     "{where} runs forward passes again, and recurrent modules with dropout between their layers ({names}) draw it "
     "from cuDNN's own random state on CUDA, which torch's generators do not hold: a forward pass run again would "
     "draw other masks than it drew the first time, and the gradients would not be the eager trainer's. Use "
-    "dropout=0 in those modules (dropout of your own between single-layer modules replays), or {fix}."
+    "dropout=0 in those modules (dropout of your own between single-layer modules is drawn again alike), or {fix}."
 )
 
 RNGState = tuple[torch.Tensor, torch.Tensor | None]
@@ -28,7 +28,7 @@ def own_dropout_state(model: torch.nn.Module) -> list[str]:
     """The modules of ``model`` that draw random numbers from a state of their own on CUDA, by name.
 
     ``nn.RNN``, ``nn.GRU`` and ``nn.LSTM`` with ``dropout > 0`` and more than one layer: cuDNN keeps their dropout
-    state in a buffer of its own, which :func:`capture` and :func:`replayed` do not reach.
+    state in a buffer of its own, which :func:`capture` and :func:`restored` do not reach.
     """
     return [
         name or type(module).__name__
@@ -51,7 +51,7 @@ def refuse_own_dropout_state(model: torch.nn.Module, where: str, fix: str) -> No
 
 
 @contextmanager
-def replayed(state: RNGState, device: torch.device) -> Iterator[None]:
+def restored(state: RNGState, device: torch.device) -> Iterator[None]:
     """Run the block from ``state``, leaving the generators as they were before it."""
     cpu, cuda = state
     with torch.random.fork_rng(devices=[device] if cuda is not None else []):

@@ -62,7 +62,7 @@ def test_one_batch_program_runs_the_whole_windows_of_one_call_up_to_a_start_insi
     batch = plan_batch(0, 22, False, {8: None, 14: None})
     windows = batch_windows(planner, batch, 0, True, 0)
     assert [(w.start, w.end) for w in windows] == [(0, 4), (4, 8), (8, 12)]
-    assert all(w.replayable and w.backward_mean for w in windows)
+    assert all(w.self_contained and w.backward_mean for w in windows)
     assert planner.window is None  # planned on a copy
     # From 12 on, the start at 14 splits the first window: no run of two.
     assert batch_windows(planner, batch, 12, True, 3) == ()

@@ -8,7 +8,7 @@ from ignite_tbptt.planning import Window, WindowSource, plan_close
 from ignite_tbptt.runtime import (
     ModelCall,
     ParameterVersions,
-    Replay,
+    Recomputation,
     RetainedHistory,
     Segment,
     default_reset_hidden,
@@ -74,11 +74,12 @@ def run(history, call, x, bounds, owed_from, recompute=False, keep=False):
     hidden = None
     for a, b in bounds:
         hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, True)
-        replay = Replay(x[a:b], hidden_in, rng.capture(x.device), history.versions.current if keep else None, True)
+        version = history.versions.current if keep else None
+        recomputation = Recomputation(x[a:b], hidden_in, rng.capture(x.device), version, True)
         with torch.no_grad() if recompute else torch.enable_grad():
             y_pred, hidden = call(x[a:b], hidden_in, history.versions, keep)
-        segment = Segment(a, b, [], None, replay=replay) if recompute else Segment(a, b, inputs, [hidden])
-        segment.replay = replay
+        segment = Segment(a, b, [], None, recomputation=recomputation) if recompute else Segment(a, b, inputs, [hidden])
+        segment.recomputation = recomputation
         if b > owed_from:  # earlier segments paid their loss in an earlier window
             segment.y_grad = [torch.arange(a, b, dtype=torch.float64) + 1.0]  # d loss / d y_pred_t = t + 1
             segment.y_pred = None if recompute else [y_pred]

@@ -10,7 +10,7 @@ position, the windows' losses, the counters, the events in order (:class:`~ignit
 
 It applies to a batch where all of these hold (the loop checks them; otherwise the batch runs window by window):
 
-- its windows are whole, replayable and not recorded (k1 = k2, each a window program's), at least two of them, the
+- its windows are whole, self-contained and not recorded (k1 = k2, each a window program's), at least two of them, the
   stream already under way (its first windows run eagerly); the program stops before the first window that is not
   (a sequence start inside it, or the batch ending inside it), which runs, with the rest, one by one;
 - no handler listens to the events of a window or a step (``TBPTTEvents``, ``Tbptt_Events``), but for handlers of
@@ -37,10 +37,9 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import hidden as hs
-from .capture import Program
+from .capture import Program, StaticInputs, copied_out
 from .step import StepHandler, StepPrograms
 from .sweep import masked_by_count
 
@@ -77,7 +76,7 @@ class BatchResults(NamedTuple):
     #: Each step's outputs of the handlers that ran inside it, in their order.
     handled: list[list[Any]]
     #: Each window's target count from ``target_count_fn``, a 0-dim int64 tensor; empty without it. The executor
-    #: hands the walk each window's count read as an int (:meth:`ProgramExecutor.run_batch_program`).
+    #: hands the walk each window's count read as an int (:meth:`ProgramExecutor.run_batch`).
     counts: list[Any]
 
 
@@ -107,11 +106,12 @@ class BatchProgram:
     ) -> None:
         self.executor, self.steps, self.handlers, self.windows = executor, steps, handlers, windows
         self.settings = settings
-        self.x, self.y = torch.empty_like(x), torch.empty_like(y)
-        self.hidden = [torch.empty_like(t) for t in hs.flatten(hidden)]
-        self.tree = hs.unflatten(hidden, self.hidden)
-        columns = executor.model_call.layout.columns(x)
-        self.starts = [torch.zeros(columns, dtype=torch.bool, device=x.device) if w.resets else None for w in windows]
+        # Written before each run in this order: input, targets, hidden state, the windows' reset masks.
+        inputs = self.inputs = StaticInputs()
+        self.x, self.y = inputs.like(x), inputs.like(y)
+        self.tree = hs.unflatten(hidden, [inputs.like(t) for t in hs.flatten(hidden)])
+        mask = torch.zeros(executor.model_call.layout.columns(x), dtype=torch.bool, device=x.device)
+        self.starts = [inputs.like(mask) if w.resets else None for w in windows]
         count = sum(w.step is not None for w in windows)
         # Each step's divisor, or with target_count_fn the targets its windows before the batch counted.
         self.divisors = [torch.ones((), dtype=torch.float64, device=x.device) for _ in range(count)]
@@ -131,16 +131,13 @@ class BatchProgram:
         ``divisors``: each step's divisor; with ``target_count_fn``, the targets of its windows before the batch
         (the first step's, if the batch goes on with an accumulation; else 0).
         """
-        with torch.no_grad():
-            self.x.copy_(x)
-            self.y.copy_(y)
-            for buffer, t in zip(self.hidden, hs.flatten(hidden)):
-                buffer.copy_(t)
-            for window, mask in zip(self.windows, self.starts):
-                if mask is not None:
-                    start = resets[window.start]
-                    assert start is not None, "a sharded model, whose steps may start no column here, runs no program"
-                    mask.copy_(start)
+        sources = [x, y, *hs.flatten(hidden)]
+        for window, mask in zip(self.windows, self.starts):
+            if mask is not None:
+                start = resets[window.start]
+                assert start is not None, "a sharded model, whose steps may start no column here, runs no program"
+                sources.append(start)
+        self.inputs.write(sources)
         for buffer, divisor in zip(self.divisors, divisors):
             buffer.fill_(divisor)
         outputs, fresh = self.program()
@@ -148,8 +145,7 @@ class BatchProgram:
             # Which .grad the bodies left set: a replay runs no Python, so the walk of the batch sets them again when
             # it reaches the program's last window (ProgramExecutor.finish_batch_program).
             self.gradients = [p.grad is not None for p in self.executor.trained]
-            return outputs
-        return pytree.tree_map_only(torch.Tensor, torch.clone, outputs)
+        return copied_out(outputs, fresh)
 
     def _body(self) -> BatchResults:
         executor, steps = self.executor, self.steps
@@ -173,7 +169,7 @@ class BatchProgram:
             results.means.append(mean)
             if window.step is not None:
                 found = steps.found
-                assert found is not None, "the step programs' ready() made it before the batch program was chosen"
+                assert found is not None, "the step programs filled their buffers before the batch program was chosen"
                 divisor, skip = self.divisors[window.step], None
                 if count_fn is not None:
                     total = divisor + torch.stack(step_counts).sum()

@@ -28,7 +28,7 @@ from torch.utils import _pytree as pytree
 from ..profiling import NO_CONTEXT
 from .cache import ProgramCounts
 
-__all__ = ["GraphCapture", "Program", "GraphCaptureError", "copied_out"]
+__all__ = ["GraphCapture", "Program", "GraphCaptureError", "StaticInputs", "copied_out"]
 
 
 class GraphCaptureError(RuntimeError):
@@ -144,6 +144,34 @@ class Program:
             self.graph.replay()
         capture.counts.replays += 1
         return self.outputs, False
+
+
+class StaticInputs:
+    """A program's input buffers, made once and written before each run in one kernel.
+
+    A graph reads the addresses it was captured on, so every run's inputs are copied into the same tensors (PyTorch's
+    CUDA semantics notes, "CUDA Graphs": static inputs copied in before each replay).
+    """
+
+    __slots__ = ("buffers",)
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+
+    def add(self, buffer: torch.Tensor) -> torch.Tensor:
+        """Keep ``buffer`` as the next input; returns it."""
+        self.buffers.append(buffer)
+        return buffer
+
+    def like(self, t: torch.Tensor) -> torch.Tensor:
+        """A new input of ``t``'s shape, dtype, device and strides, not requiring grad."""
+        return self.add(torch.empty_like(t.detach()))
+
+    def write(self, sources: list[torch.Tensor]) -> None:
+        """Copy ``sources`` in, one per buffer in the order they were added."""
+        assert len(sources) == len(self.buffers), "one source per input buffer"
+        with torch.no_grad():
+            torch._foreach_copy_(self.buffers, sources)
 
 
 def copied_out(outputs: Any, fresh: bool) -> Any:

@@ -38,7 +38,7 @@ import torch
 from ...planning import ClosePlan, Eager, SegmentPlan
 from .. import hidden as hs
 from .. import rng
-from ..backward_sweep import Replay, Segment
+from ..backward_sweep import Recomputation, Segment
 from ..executor import SegmentExecutor, SegmentResult
 from ..loss_rule import LossRule
 from ..model_call import ModelCall
@@ -221,7 +221,7 @@ class ProgramExecutor(SegmentExecutor):
     def _sweep(
         self,
         plans: list[SegmentPlan],
-        reach: list[Replay],
+        reach: list[Recomputation],
         xw: Any,
         yw: Any,
         starts: list[torch.Tensor | None],
@@ -243,7 +243,7 @@ class ProgramExecutor(SegmentExecutor):
             program = self.programs.add(key, SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds))
         self.let_state_graph_go()
         history = stream.history
-        history.keep_only_replays(len(reach))
+        history.keep_only_recomputations(len(reach))
         # Segments a later window reaches, and so a reach, are kept only where weight versions are (k2 > k1).
         versions = history.versions
         values = []
@@ -256,10 +256,10 @@ class ProgramExecutor(SegmentExecutor):
             if plan.reached_later:  # it joins the history as what recomputes it
                 assert versions is not None, "a segment a later window reaches is kept with its weight version"
                 segment_x = steps(xw, call.start, call.end)
-                replay = Replay(
+                recomputation = Recomputation(
                     segment_x, state, rng.capture(xw.device), versions.current, plan.hidden_requires_grad, mask
                 )
-                history.append(Segment(plan.start, plan.end, [], None, replay=replay))
+                history.append(Segment(plan.start, plan.end, [], None, recomputation=recomputation))
             state = hs.unflatten(state, after)
         stream.hidden, stream.position = state, last.end
         segments = []
@@ -330,7 +330,7 @@ class ProgramExecutor(SegmentExecutor):
             repoint_caches(self.model_call.model, eager, stream.hidden)
             del eager
 
-    def run_batch_program(
+    def run_batch(
         self,
         key: tuple,
         make: Callable[[], BatchProgram],

@@ -77,8 +77,8 @@ class StepHandlers(NamedTuple):
 
     #: The last handlers, each with a device part and a host part: they may run inside the program.
     on_device: tuple[StepHandler, ...]
-    #: Whether handlers that run on the host come before them.
-    on_host: bool
+    #: Whether handlers that run on the host come before them (the step is then two programs, around them).
+    host_first: bool
 
 
 class StaticGradients:
@@ -176,19 +176,19 @@ class StepPrograms:
             handlers: the ``OPTIMIZER_STEP_STARTED`` handlers; where some run on the host, the step is two programs,
                 around them.
         """
-        ready = self.ready()
+        ready = self.fill_buffers()
         if ready is None:
             return None
         present, settings = ready
-        key = (present, tuple(h.key for h in handlers.on_device), handlers.on_host, len(settings), self.identity())
+        key = (present, tuple(h.key for h in handlers.on_device), handlers.host_first, len(settings), self.identity())
         program = self.programs.get(key)
         if program is not None and (not same_settings(program.settings, settings) or program.stale()):
             # A hyper-parameter other than the learning rate changed, or the state has new tensors: capture afresh.
             self.programs.drop(program)
             program = None
         if program is None:
-            program = self.programs.add(key, StepProgram(self, handlers.on_device, handlers.on_host, settings))
-        assert self.divisor is not None, "ready() made the buffers"
+            program = self.programs.add(key, StepProgram(self, handlers.on_device, handlers.host_first, settings))
+        assert self.divisor is not None, "fill_buffers() made the buffers"
         self.divisor.fill_(divisor)
         return program
 
@@ -222,12 +222,12 @@ class StepPrograms:
         return tuple((i, key, t.data_ptr()) for i, key, t in self._state())
 
     @overload
-    def ready(self, need_gradients: Literal[False]) -> tuple[tuple[bool, ...], list[dict]]: ...
+    def fill_buffers(self, need_gradients: Literal[False]) -> tuple[tuple[bool, ...], list[dict]]: ...
 
     @overload
-    def ready(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None: ...
+    def fill_buffers(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None: ...
 
-    def ready(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None:
+    def fill_buffers(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None:
         """Make the buffers ready for a run: gradients in their static buffers, learning rates written.
 
         Returns:
@@ -259,7 +259,7 @@ class StepPrograms:
             unscale_and_divide(optimizer, scaler, grads, divisor)
             return dict(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"])
         found = self.found
-        assert found is not None, "ready() made the buffers before any program runs"
+        assert found is not None, "fill_buffers() made the buffers before any program runs"
         decision = divide_and_check(grads, divisor, into=found)
         if decision is not found:  # several groups (dtypes, devices): only the first checked into it
             found.copy_(decision)
@@ -373,7 +373,7 @@ class StepProgram:
             # The host's handlers ran since the program was chosen: a parameter given a new .grad goes back into its
             # buffer, and a learning rate they set reaches this step. Another hyper-parameter they changed is not
             # in the captured step: this once the step runs uncaptured, and the next gets a program of its own.
-            ready = programs.ready(need_gradients=False)
+            ready = programs.fill_buffers(need_gradients=False)
             if not same_settings(self.settings, ready[1]):
                 programs.programs.drop(self)
                 (outputs, skipped), fresh = programs.step(self.handlers), True

@@ -23,7 +23,7 @@ The window's segments that a later window reaches join the retained history as w
 state, weight version), not as graphs: a later window reaches them, a program or an eager one (which rebuilds them as
 ``recompute`` does).
 
-A window runs as a sweep program where (the stream loop's :func:`~ignite_tbptt.engine.window_at_once.run_window`
+A window runs as a sweep program where (the stream loop's :func:`~ignite_tbptt.planning.plan_window`
 and :meth:`ProgramExecutor.run_sweep <ignite_tbptt.runtime.programs.executor.ProgramExecutor.run_sweep>` check it):
 
 - the batch holds all of it, and its gradient reach is not recorded;
@@ -53,10 +53,10 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import hidden as hs
 from .. import rng
-from ..backward_sweep import Replay, Segment
+from ..backward_sweep import Recomputation, Segment
 from ..model_call import ModelCall
 from ..weight_versions import ParameterVersions, WeightVersion
-from .capture import GraphCapture, Program, copied_out
+from .capture import GraphCapture, Program, StaticInputs, copied_out
 
 __all__ = [
     "SweepProgram",
@@ -80,7 +80,7 @@ _RANDOM = (
 )
 
 
-def reach_of(segments: Sequence[Segment], cut: int, start: int) -> list[Replay] | None:
+def reach_of(segments: Sequence[Segment], cut: int, start: int) -> list[Recomputation] | None:
     """What recomputes the retained segments from ``cut`` to ``start``, oldest first, or ``None``: run eagerly.
 
     ``None`` unless they tile those steps, owe no loss gradient, and the first has a state to start from (the
@@ -91,9 +91,9 @@ def reach_of(segments: Sequence[Segment], cut: int, start: int) -> list[Replay] 
         if end <= cut:
             break
         owes = segment.y_pred is not None or segment.loss is not None or segment.y_grad is not None
-        if segment.end != end or segment.replay is None or owes:
+        if segment.end != end or segment.recomputation is None or owes:
             return None
-        reach.append(segment.replay)
+        reach.append(segment.recomputation)
         end = segment.start
     if end != cut or (reach and reach[-1].hidden is None):
         return None
@@ -112,12 +112,12 @@ class ReachWeights:
     def __init__(self) -> None:
         self._made: dict[int, tuple[WeightVersion, bool, list[torch.Tensor]]] = {}
 
-    def __call__(self, versions: ParameterVersions, reach: Sequence[Replay], index: Sequence[int]) -> list[list]:
+    def __call__(self, versions: ParameterVersions, reach: Sequence[Recomputation], index: Sequence[int]) -> list[list]:
         """For each segment of ``reach``, the values of the parameters at ``index`` in its version."""
         made: dict[int, tuple[WeightVersion, bool, list[torch.Tensor]]] = {}
         out = []
-        for replay in reach:
-            version = replay.version
+        for recomputation in reach:
+            version = recomputation.version
             assert version is not None, "a reach's segments ran where weight versions are kept (k2 > k1)"
             hit = made.get(id(version)) or self._made.get(id(version))
             if hit is None or hit[0] is not version or hit[1] != version.frozen:  # the current version froze since
@@ -293,7 +293,7 @@ class SweepProgram:
 
     Args:
         executor: what runs its window's calls (the program executor it belongs to).
-        reach: the retained segments from the window's cut to its start, oldest first (their :class:`Replay`).
+        reach: the retained segments from the window's cut to its start, oldest first (their :class:`Recomputation`).
         state: the window's input hidden state (the cut's where the reach is empty).
         x, y: the window's input and targets, ``(T, B, *)`` along the time dimension, which give the buffers' shapes.
         calls: the window's model calls.
@@ -305,7 +305,7 @@ class SweepProgram:
     def __init__(
         self,
         executor: WindowCalls,
-        reach: Sequence[Replay],
+        reach: Sequence[Recomputation],
         state: Any,
         x: torch.Tensor,
         y: torch.Tensor,
@@ -314,21 +314,21 @@ class SweepProgram:
         rebuilds: bool = False,
     ) -> None:
         self.executor, self.calls, self.backward_mean, self.rebuilds = executor, calls, backward_mean, rebuilds
-        self.x, self.y = torch.empty_like(x), torch.empty_like(y)
+        # Written before each run in this order: input, targets, the cut's state, the calls' reset masks, and each
+        # retained segment's input, reset mask and weights (leaves: their own gradient).
+        inputs = self.inputs = StaticInputs()
+        self.x, self.y = inputs.like(x), inputs.like(y)
         model_call, layout = executor.model_call, executor.model_call.layout
-        columns = layout.columns(x)
-        self.starts = [
-            torch.zeros(columns, dtype=torch.bool, device=x.device) if call.resets else None for call in calls
-        ]
         first = reach[0].hidden if reach else state
-        self.cut = [torch.empty_like(t) for t in hs.flatten(first)]
-        self.cut_tree = hs.unflatten(first, self.cut)
+        self.cut_tree = hs.unflatten(first, [inputs.like(t) for t in hs.flatten(first)])
+        mask = torch.zeros(layout.columns(x), dtype=torch.bool, device=x.device)
+        self.starts = [inputs.like(mask) if call.resets else None for call in calls]
         trained = executor.trained
         self.pieces = [
             _ReachedSegment(
-                torch.empty_like(r.x),
-                None if r.starts is None else torch.empty_like(r.starts),
-                [torch.empty_like(p.detach()).requires_grad_() for p in trained],
+                inputs.like(r.x),
+                None if r.starts is None else inputs.like(r.starts),
+                [inputs.like(p).requires_grad_() for p in trained],
             )
             for r in reach
         ]
@@ -340,13 +340,13 @@ class SweepProgram:
         self.program = Program(self._body, executor.graphs, "the window")
 
     @staticmethod
-    def key(reach: Sequence[Replay]) -> tuple:
+    def key(reach: Sequence[Recomputation]) -> tuple:
         """What a reach must share with another for one program to run both."""
         return tuple((r.x.shape, r.x.dtype, r.starts is not None) for r in reach)
 
     def __call__(
         self,
-        reach: Sequence[Replay],
+        reach: Sequence[Recomputation],
         values: Sequence[list[torch.Tensor]],
         state: Any,
         x: torch.Tensor,
@@ -364,24 +364,11 @@ class SweepProgram:
                 calls) and the model drew random numbers; nothing of the window is applied (no gradient added, the
                 stream not advanced), and the next run checks again.
         """
-        with torch.no_grad():
-            first = reach[0].hidden if reach else state
-            into, sources = [self.x, self.y, *self.cut], [x, y, *hs.flatten(first)]
-            for buffer, mask in zip(self.starts, starts):
-                if buffer is not None:
-                    assert mask is not None, "a call has a mask's buffer where it has a mask (its key)"
-                    into.append(buffer)
-                    sources.append(mask)
-            for piece, replay, weights in zip(self.pieces, reach, values):
-                into.append(piece.x)
-                sources.append(replay.x)
-                if piece.starts is not None:
-                    assert replay.starts is not None, "a piece has a mask's buffer where it has a mask (its key)"
-                    into.append(piece.starts)
-                    sources.append(replay.starts)
-                into += piece.weights
-                sources += weights
-            torch._foreach_copy_(into, sources)
+        first = reach[0].hidden if reach else state
+        sources = [x, y, *hs.flatten(first), *(mask for mask in starts if mask is not None)]
+        for r, weights in zip(reach, values):
+            sources += [r.x, *([] if r.starts is None else [r.starts]), *weights]
+        self.inputs.write(sources)  # a mask where the key has one: the buffers match
         if not self.checked:  # before the generators are compared, which on CUDA would not show cuDNN's own state
             rng.refuse_own_dropout_state(
                 self.executor.model_call.model,

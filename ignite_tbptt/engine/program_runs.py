@@ -1,10 +1,16 @@
-"""Whether a batch's windows run as one batch program, and the program's run; the host then walks the batch.
+"""Windows run as programs where planning says so, whole or the rest of a batch, and the walk of what they ran.
 
-:func:`run_at_once` checks what the engine must allow (:mod:`ignite_tbptt.runtime.programs.batch` lists it), takes
-the batch's windows planning gives one program (:func:`~ignite_tbptt.planning.batch_windows`), runs them and their
-optimizer steps as one program, and walks those windows from the program's results: the stream's position, the
-windows' losses and counts, the counters, the events and the decisions are the host's as after windows run one by
-one.
+Where windows run as programs (``cuda_graphs``), the stream loop asks at each window boundary. First, once a batch,
+whether the rest of the batch runs as one batch program (:func:`run_batch_program`): what the engine must allow
+(:mod:`ignite_tbptt.runtime.programs.batch` lists it) is checked here, and planning gives the windows
+(:func:`~ignite_tbptt.planning.batch_windows`); the program runs them and their optimizer steps, and the loop's
+state is then walked window by window from its results: the stream's position, the windows' losses and counts, the
+counters, the events and the decisions are the host's as after windows run one by one. Then, as each window opens,
+whether it runs whole as one sweep program (:func:`run_window_program`, as
+:func:`~ignite_tbptt.planning.plan_window` says: its model calls, their losses and its backward pass through the
+retained segments it reaches; a window program where it is one call reaching nothing); the loop takes its segments'
+results as an eager segment's, and its close only drops what no later window reaches. A window that runs eagerly
+is counted with its reason.
 """
 
 from __future__ import annotations
@@ -14,20 +20,54 @@ from typing import Any
 
 import torch
 
-from ..planning import BatchPlan, SegmentPlan, batch_windows
+from ..planning import BatchPlan, Eager, SegmentPlan, batch_windows, plan_window
 from ..runtime import BatchProgram, BatchResults, BatchWindow, ProgramExecutor
 from .loop_protocols import LoopView
 
-__all__ = ["run_at_once"]
+__all__ = ["run_window_program", "run_batch_program"]
+
+Resets = Mapping[int, torch.Tensor | None]
 
 
-def run_at_once(
+def run_window_program(
     loop: LoopView,
     executor: ProgramExecutor,
     batch: BatchPlan,
     x: Any,
     y: Any,
-    resets: Mapping[int, torch.Tensor | None],
+    resets: Resets,
+    blocked: Eager | None,
+    keep_predictions: bool,
+    out: Any,
+) -> bool:
+    """Run the window that just opened as one program where planning says so, and walk its segments; whether it ran.
+
+    ``blocked``: why the runtime runs no program now (:meth:`ProgramExecutor.blocked
+    <ignite_tbptt.runtime.ProgramExecutor.blocked>`), or ``None``. The loop takes each segment's result as an eager
+    segment's (:meth:`StreamLoop.segment_done <ignite_tbptt.engine.stream_loop.StreamLoop.segment_done>`, into
+    ``out``, the batch's :class:`~ignite_tbptt.engine.stream_loop.BatchResult`); where it did not run, the loop
+    runs the window segment by segment, counted in ``engine.state.programs`` with its reason.
+    """
+    position, one_window_per_step = loop.stream.position, loop.optimizer_step.one_window_per_step
+    plans, eager = plan_window(loop.planner, batch, position, one_window_per_step, blocked)
+    if eager is None:
+        results = executor.run_sweep(list(plans), x, y, resets, batch.start, keep_predictions)
+        if results is not None:
+            for plan, result in zip(plans, results):
+                loop.segment_done(batch, plan, result, out, swept=True)
+            return True
+        eager = Eager.REACH_NOT_RETAINED
+    executor.counts.ran_eagerly(eager)
+    return False
+
+
+def run_batch_program(
+    loop: LoopView,
+    executor: ProgramExecutor,
+    batch: BatchPlan,
+    x: Any,
+    y: Any,
+    resets: Resets,
     keep_predictions: bool,
     out: Any,
 ) -> bool:
@@ -62,7 +102,7 @@ def run_at_once(
     if not plans:
         return False
     windows, divisors = _windows(loop, batch, y, resets, plans, executor.target_count_fn is not None)
-    _, settings = programs.ready(need_gradients=False)
+    _, settings = programs.fill_buffers(need_gradients=False)
     trained = [p.grad is not None for p in executor.trained]
     key: tuple = (x.shape, x.dtype, y.shape, y.dtype, windows, tuple(h.key for h in handlers.on_device), tuple(trained))
     key += programs.identity()
@@ -71,7 +111,7 @@ def run_at_once(
         return BatchProgram(executor, programs, handlers.on_device, windows, x, y, loop.stream.hidden, settings)
 
     step.carry_decision()
-    program, results = executor.run_batch_program(key, make, settings, x, y, resets, divisors)
+    program, results = executor.run_batch(key, make, settings, x, y, resets, divisors)
     _walk(loop, executor, batch, plans, program, results, out)
     return True
 
@@ -109,7 +149,7 @@ def _windows(
     loop: LoopView,
     batch: BatchPlan,
     y: Any,
-    resets: Mapping[int, torch.Tensor | None],
+    resets: Resets,
     plans: tuple[SegmentPlan, ...],
     counted: bool,
 ) -> tuple[tuple[BatchWindow, ...], list[int]]:
