@@ -307,9 +307,9 @@ def test_two_processes_train_the_main_job_as_one(tmp_path, two_processes):
 
 def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninterrupted_one(tmp_path, two_processes):
     args = [*STREAM, *two_processes, "--k1", "10", "--k2", "25", "--epochs", "1", "--no-progress"]
-    args += ["--checkpoint-every", "40", "--max-chars", "20000"]
+    args += ["--checkpoint-every", "15", "--max-chars", "10000"]
     full = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "full")])
-    checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint_40.pt"  # mid-epoch (47 batches), k2 > k1
+    checkpoint = tmp_path / "full" / "checkpoints" / "checkpoint_15.pt"  # mid-epoch (23 batches), k2 > k1
     assert checkpoint.is_file()
     resumed = char_lm.main([*args, "--nproc", "2", "--logdir", str(tmp_path / "on"), "--resume", str(checkpoint)])
     assert resumed["valid_bpc"] == [full["valid_bpc"][-1]]  # exactly: the same parameters
@@ -319,14 +319,14 @@ def test_a_two_process_run_resumed_mid_epoch_on_two_processes_ends_as_the_uninte
 
 def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path, two_processes):
     one = [*STREAM, *two_processes, "--k1", "10", "--k2", "25", "--epochs", "1", "--no-progress"]
-    one += ["--max-chars", "20000"]  # the last value of an option counts: half of SMALL's corpus
+    one += ["--max-chars", "10000"]  # the last value of an option counts: a quarter of SMALL's corpus
     args = [*one, "--nproc", "2"]
     plain = char_lm.main([*one, "--checkpoint-every", "0", "--logdir", str(tmp_path / "plain")])
-    sharded = char_lm.main([*args, "--fsdp", "--checkpoint-every", "40", "--logdir", str(tmp_path / "sharded")])
+    sharded = char_lm.main([*args, "--fsdp", "--checkpoint-every", "15", "--logdir", str(tmp_path / "sharded")])
     # The one-process training but for float32 rounding: each process trains its 4 of the 8 columns, and FSDP2
     # reduce-scatters their gradients (two unsharded processes train as one: the test above).
     assert sharded["valid_bpc"] == pytest.approx(plain["valid_bpc"], abs=5e-3)
-    checkpoint = tmp_path / "sharded" / "checkpoints" / "checkpoint_40.pt"  # mid-epoch (47 batches), k2 > k1
+    checkpoint = tmp_path / "sharded" / "checkpoints" / "checkpoint_15.pt"  # mid-epoch (23 batches), k2 > k1
     on = ["--fsdp", "--checkpoint-every", "0", "--logdir", str(tmp_path / "on"), "--resume", str(checkpoint)]
     resumed = char_lm.main([*args, *on])
     assert resumed["valid_bpc"] == [sharded["valid_bpc"][-1]]  # exactly: the full state dicts restore the shards
