@@ -202,13 +202,27 @@ class ProgramExecutor(SegmentExecutor):
     ) -> list[SegmentResult] | None:
         """Run the open window, whose segments ``plans`` lists, as a sweep program (:mod:`.sweep`).
 
-        ``x``, ``y``: the batch, whose first step is the stream's step ``offset``; ``resets``: the starting columns
-        by step of the batch; ``keep``: hand the predictions on (``output_transform``).
+        Args:
+            plans: the window's segments, as :func:`~ignite_tbptt.planning.plan_window` planned them.
+            x: the batch's input, ``(T, B, *)`` along the time dimension (the trainer's ``time_dim``), whose first
+                step is the stream's step ``offset``.
+            y: the batch's targets, alike.
+            resets: the columns that start a sequence (``(B,)`` bool), by step of the batch.
+            offset: the stream's step at the batch's first.
+            keep: hand the predictions on (``output_transform``).
 
         Returns:
             Each segment's result, as :meth:`run` gives it; the stream is then at the window's end, with its state
             and the window's loss, and the segments a later window reaches have joined the history as what
             recomputes them. ``None`` where it did not run (the reach is not retained whole): nothing changed.
+
+        Raises:
+            GraphCaptureError: where the capture of its program fails (``cuda_graphs=True``), or a replayed
+                program's recording refuses a host read (``cuda_graphs="replayed"``).
+            GraphReplayError: with ``cuda_graphs="replayed"``, if a tensor its recording reads was freed, moved or
+                resized since.
+            ValueError: at its program's first run, if the window runs forward passes again (k2 > k1, or
+                ``recompute``) and the model drew random numbers; nothing of the window is applied.
         """
         steps = self.model_call.layout.steps
         first, last = plans[0], plans[-1]
@@ -342,11 +356,21 @@ class ProgramExecutor(SegmentExecutor):
     ) -> tuple[BatchProgram, BatchResults]:
         """Run a batch's windows as the batch program of ``key`` (made by ``make`` the first time).
 
+        ``settings``: the optimizer groups' hyper-parameters but the learning rate (a program made for others is
+        made again); ``x``, ``y``: the batch, ``(T, B, *)`` along the time dimension; ``resets``: the columns that
+        start a sequence by step of the batch; ``divisors``: each step's divisor (:class:`BatchProgram`).
+
         Returns:
             The program and its results, with each window's target count read (one read for the batch) in ``counts``
             as ints. The stream's state is then the batch's last; its position and the windows' losses are the
             host's walk's to advance (:meth:`take_batch_window`), and the ``.grad`` the program left, to set
             (:meth:`finish_batch_program`).
+
+        Raises:
+            GraphCaptureError: where the capture of the program fails (``cuda_graphs=True``), or its recording
+                refuses a host read (``cuda_graphs="replayed"``).
+            GraphReplayError: with ``cuda_graphs="replayed"``, if a tensor its recording reads was freed, moved or
+                resized since.
         """
         self._check_parameters()
         program = self.batch_programs.get(key)
