@@ -16,6 +16,7 @@ rounding relative to their largest entry (``TOLERANCE``).
 """
 
 import copy
+import functools
 import subprocess
 import sys
 
@@ -28,18 +29,32 @@ from ignite_tbptt import TBPTTEvents, create_tbptt_evaluator, create_tbptt_train
 from ignite_tbptt.models import fla_model_fn, fla_reset_hidden
 
 from ..helpers import assert_resume_is_bit_identical
+from .fla_reference import reference_short_convolution, use_reference_kernels
 
-try:
-    import fla.models as fla_models
-    from fla.models.utils import Cache
 
-    from .fla_reference import reference_short_convolution, use_reference_kernels
+@functools.cache
+def fla_models():
+    """fla's models, imported at the first test that runs one: not as the suite is collected (fla takes seconds)."""
+    import fla.models
 
-    MISSING = ""
-except ImportError as error:  # not installed, or installed without triton (its modules import triton)
-    fla_models = None
-    MISSING = f"flash-linear-attention cannot be imported ({error}): pip install flash-linear-attention triton"
-needs_fla = pytest.mark.skipif(fla_models is None, reason=MISSING)
+    return fla.models
+
+
+def Cache():  # noqa: N802 - fla's cache class, made where a test needs one
+    from fla.models.utils import Cache as FlaCache
+
+    return FlaCache()
+
+
+@pytest.fixture
+def fla_importable():
+    try:
+        fla_models()
+    except ImportError as error:  # not installed, or installed without triton (its modules import triton)
+        pytest.skip(f"flash-linear-attention cannot be imported ({error}): pip install flash-linear-attention triton")
+
+
+needs_fla = pytest.mark.usefixtures("fla_importable")
 ON_CUDA = "fla's Triton kernels run on a CUDA device only: python -m pytest tests/models/test_fla.py --device cuda"
 on_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason=f"no CUDA device here; {ON_CUDA}")
 
@@ -63,7 +78,7 @@ def build_model(name, seed=0, **options):
     """A tiny fla model (hidden size 32, two layers), its projections drawn large enough that the state matters."""
     config_class, model_class, sizes = MODELS[name]
     torch.manual_seed(seed)
-    config = getattr(fla_models, config_class)(
+    config = getattr(fla_models(), config_class)(
         vocab_size=VOCAB,
         hidden_size=32,
         num_hidden_layers=2,
@@ -73,7 +88,7 @@ def build_model(name, seed=0, **options):
         tie_word_embeddings=False,
         **{**sizes, **options},
     )
-    model = getattr(fla_models, model_class)(config)
+    model = getattr(fla_models(), model_class)(config)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
@@ -132,7 +147,7 @@ def own_forward(model, x, cache=None):
     """
     if cache is None:
         return model(x).logits
-    if isinstance(model, fla_models.Mamba2ForCausalLM) and len(cache) > 0:
+    if isinstance(model, fla_models().Mamba2ForCausalLM) and len(cache) > 0:
         return torch.cat([own_forward_step(model, x[:, t : t + 1], cache) for t in range(x.shape[1])], 1)
     return model(x, past_key_values=cache, use_cache=True).logits
 
