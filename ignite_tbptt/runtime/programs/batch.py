@@ -155,9 +155,9 @@ class BatchProgram:
         step_counts: list[torch.Tensor] = []  # the counts of the open step's windows
         for window, starts in zip(self.windows, self.starts):
             x, y = layout.steps(self.x, window.start, window.end), layout.steps(self.y, window.start, window.end)
-            mean, _, state, grads, count = executor.window_pass(
-                x, y, state, starts, window.targets, window.backward_mean
-            )
+            passed = executor.window_call(x, y, state, starts, window.targets, window.backward_mean)
+            grads = torch.autograd.grad(passed.root, trained, allow_unused=True)
+            mean, state, count = passed.mean.detach(), executor.state_after(passed.state), passed.count
             if count is not None:  # a window without targets adds nothing (its mean is 0 / 0)
                 results.counts.append(count)
                 step_counts.append(count)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -108,21 +108,6 @@ def build_executor(
 def _storages_by_name(model: torch.nn.Module) -> dict[int, str]:
     named = [*model.named_parameters(), *model.named_buffers()]
     return {t.untyped_storage().data_ptr(): f"the model's {name}" for name, t in named}
-
-
-class WindowPass(NamedTuple):
-    """One window's pass inside a program (:meth:`ProgramExecutor.window_pass`)."""
-
-    #: Its mean loss, detached.
-    mean: Any
-    #: Its predictions, with their graph.
-    predictions: Any
-    #: The hidden state it returned, detached.
-    state: Any
-    #: The loss's gradients with respect to the trained parameters (``None`` for one it does not reach).
-    grads: tuple
-    #: ``target_count_fn``'s count, a 0-dim int64 tensor on the device; ``None`` without it.
-    count: Any
 
 
 class ProgramExecutor(SegmentExecutor):
@@ -315,14 +300,6 @@ class ProgramExecutor(SegmentExecutor):
         # LossRule.backpropagated's count is annotated as an int; it multiplies by a 0-dim tensor count alike.
         root = rule.root(rule.backpropagated(mean, n, backward_mean))
         return CallPass(mean, y_pred, hidden_out, root, count)
-
-    def window_pass(
-        self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
-    ) -> WindowPass:
-        """A window of one model call: :meth:`window_call` and the backward pass (arguments alike)."""
-        passed = self.window_call(x, y, state, starts, targets, backward_mean)
-        grads = torch.autograd.grad(passed.root, self.trained, allow_unused=True)
-        return WindowPass(passed.mean.detach(), passed.predictions, self.state_after(passed.state), grads, passed.count)
 
     def state_after(self, state: Any) -> Any:
         """A program's window's returned state, detached, once its backward pass ran."""
