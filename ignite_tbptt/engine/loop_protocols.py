@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple, Protocol
 
 from ..layout import Layout
-from ..planning import BatchPlan, SegmentPlan, StreamPlanner
+from ..planning import BatchPlan, ClosePlan, SegmentPlan, StreamPlanner
 from ..runtime import LossSum, RetainedHistory, SegmentResult, StepHandlers, StreamState
 from .optimizer_step import OptimizerStep, RunPosition
 
@@ -110,5 +110,6 @@ class LoopView(Protocol):
         out: Any,
         swept: bool = False,
         taken: Any = None,
+        close: ClosePlan | None = None,
     ) -> None:
         """A segment ran: its loss counted into ``out``, its window closed if it ends (a program's results too)."""

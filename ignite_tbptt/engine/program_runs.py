@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..planning import BatchPlan, Eager, SegmentPlan, batch_windows, plan_window
+from ..planning import BatchPlan, Eager, PlannedWindow, batch_windows, plan_window
 from ..runtime import BatchProgram, BatchResults, BatchWindow, ProgramExecutor
 from .loop_protocols import LoopView
 
@@ -98,10 +98,10 @@ def run_batch_program(
     if handlers is None:
         return False
     number = listener.position().window  # the windows so far
-    plans = batch_windows(loop.planner, batch, loop.stream.position, step.one_window_per_step, number)
-    if not plans:
+    planned = batch_windows(loop.planner, batch, loop.stream.position, step.one_window_per_step, number)
+    if not planned:
         return False
-    windows, divisors = _windows(loop, batch, y, resets, plans, executor.target_count_fn is not None)
+    windows, divisors = _windows(loop, batch, y, resets, planned, executor.target_count_fn is not None)
     _, settings = programs.fill_buffers(need_gradients=False)
     trained = [p.grad is not None for p in executor.trained]
     key: tuple = (x.shape, x.dtype, y.shape, y.dtype, windows, tuple(h.key for h in handlers.on_device), tuple(trained))
@@ -112,7 +112,7 @@ def run_batch_program(
 
     step.carry_decision()
     program, results = executor.run_batch(key, make, settings, x, y, resets, divisors)
-    _walk(loop, executor, batch, plans, program, results, out)
+    _walk(loop, executor, batch, planned, program, results, out)
     return True
 
 
@@ -120,7 +120,7 @@ def _walk(
     loop: LoopView,
     executor: ProgramExecutor,
     batch: BatchPlan,
-    plans: tuple[SegmentPlan, ...],
+    planned: tuple[PlannedWindow, ...],
     program: BatchProgram,
     results: BatchResults,
     out: Any,
@@ -132,14 +132,14 @@ def _walk(
     taken = iter(zip(decisions, results.handled))
     finished = False
     try:
-        for plan, window, mean, n in zip(plans, program.windows, results.means, results.counts):
+        for (plan, close), window, mean, n in zip(planned, program.windows, results.means, results.counts):
             loop.open_window()
             result = executor.take_batch_window(plan, mean, n)
             if window is program.windows[-1]:  # the .grad it left, before a window after it adds to them
                 finished = True
                 executor.finish_batch_program(program)
             step_taken = next(taken) if window.step is not None else None
-            loop.segment_done(batch, plan, result, out, taken=step_taken)
+            loop.segment_done(batch, plan, result, out, taken=step_taken, close=close)
     finally:
         if not finished:  # the walk was interrupted: the .grad the program left all the same
             executor.finish_batch_program(program)
@@ -150,7 +150,7 @@ def _windows(
     batch: BatchPlan,
     y: Any,
     resets: Resets,
-    plans: tuple[SegmentPlan, ...],
+    planned: tuple[PlannedWindow, ...],
     counted: bool,
 ) -> tuple[tuple[BatchWindow, ...], list[int]]:
     # The program's windows, and each step's divisor (counted by target_count_fn on the device: the targets of its
@@ -160,7 +160,7 @@ def _windows(
     carried = step.targets  # counted before the batch, on the host: the first step's windows of earlier batches
     windows: list[BatchWindow] = []
     divisors: list[int] = []
-    for plan in plans:
+    for plan, _ in planned:
         start, end = plan.start - offset, plan.end - offset
         n = loop.layout.steps(y, start, end).numel()
         first = accumulated == 0

@@ -16,7 +16,7 @@ import torch
 
 from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
-from ..planning import BatchPlan, SegmentPlan, StreamPlanner, WindowSource, plan_batch
+from ..planning import BatchPlan, ClosePlan, SegmentPlan, StreamPlanner, WindowSource, plan_batch
 from ..runtime import (
     Execution,
     LossRule,
@@ -291,17 +291,19 @@ class StreamLoop:
         out: BatchResult,
         swept: bool = False,
         taken: Any = None,
+        close: ClosePlan | None = None,
     ) -> None:
         """A segment ran (eagerly, or in a sweep or batch program): its loss counted, its window closed if it ends.
 
-        ``swept`` and ``taken`` as :meth:`close_window` takes them; ``out``: the batch's loss and predictions so far.
+        ``swept``, ``taken`` and ``close`` as :meth:`close_window` takes them; ``out``: the batch's loss and
+        predictions so far.
         """
         out.loss.add(result.loss, result.targets, plan.whole_window)
         self.optimizer_step.accumulate(result.targets, plan.backward_mean)
         self.listener.targets_processed(result.targets)
         out.predictions.append(result.predictions)
         if plan.closes_window:
-            self.close_window(plan.end, batch.stream_continues(plan.end), swept, taken)
+            self.close_window(plan.end, batch.stream_continues(plan.end), swept, taken, close)
 
     # -- window and step boundaries ----------------------------------------------------------------------------
     def open_window(self) -> None:
@@ -312,15 +314,18 @@ class StreamLoop:
         self.stream.open_window()
         self.planner.open_window(self.stream.position, self.listener.window_started())
 
-    def close_window(self, end: int, stream_continues: bool, swept: bool = False, taken: Any = None) -> None:
+    def close_window(
+        self, end: int, stream_continues: bool, swept: bool = False, taken: Any = None, close: ClosePlan | None = None
+    ) -> None:
         """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due.
 
         ``swept``: a sweep program ran the window and its backward pass; only what no later window reaches is
         dropped. ``taken``: a batch program took the step the window completes, with this decision and these
-        handlers' outputs.
+        handlers' outputs. ``close``: the window's close as planning gave it with the batch program's windows
+        (:func:`~ignite_tbptt.planning.batch_windows`), else planned here.
         """
         stream, executor, listener = self.stream, self.executor, self.listener
-        plan = self.planner.close(end, stream_continues, stream.history.starts())
+        plan = close if close is not None else self.planner.close(end, stream_continues, stream.history.starts())
         if swept:
             assert isinstance(executor, ProgramExecutor), "only a program executor sweeps a window at once"
             executor.close_swept(plan)

@@ -17,7 +17,7 @@ is tested without a tensor. A new window source goes here, as a subclass of :cla
 from .artbp import ARTBP
 from .batch_plan import BatchPlan, plan_batch
 from .close_plan import ClosePlan, SweepStep, plan_close
-from .execution import Eager, WindowExecution, batch_windows, plan_window
+from .execution import Eager, PlannedWindow, WindowExecution, batch_windows, plan_window
 from .random_windows import RandomWindows
 from .reach import ReachRequests
 from .schedule import Schedule, k2_cut
@@ -46,6 +46,7 @@ __all__ = [
     "walk",
     "Eager",
     "WindowExecution",
+    "PlannedWindow",
     "plan_window",
     "batch_windows",
 ]

@@ -19,10 +19,11 @@ import enum
 from typing import NamedTuple
 
 from .batch_plan import BatchPlan
+from .close_plan import ClosePlan
 from .segment_plan import SegmentPlan
 from .stream_planner import StreamPlanner
 
-__all__ = ["Eager", "WindowExecution", "plan_window", "batch_windows"]
+__all__ = ["Eager", "WindowExecution", "PlannedWindow", "plan_window", "batch_windows"]
 
 
 class Eager(enum.Enum):
@@ -107,9 +108,18 @@ def _window_segments(
         step = plan.end
 
 
+class PlannedWindow(NamedTuple):
+    """A window of one segment, planned ahead with its close (:func:`batch_windows`)."""
+
+    #: Its one segment.
+    segment: SegmentPlan
+    #: Its close: the stream loop carries it out as the program's windows are walked.
+    close: ClosePlan
+
+
 def batch_windows(
     planner: StreamPlanner, batch: BatchPlan, position: int, one_window_per_step: bool, number: int
-) -> tuple[SegmentPlan, ...]:
+) -> tuple[PlannedWindow, ...]:
     """The windows from ``position`` on that one batch program may run, each one segment; ``()`` where under two.
 
     They run up to the first that is not a whole window of one model call paid at once of which nothing is
@@ -120,18 +130,19 @@ def batch_windows(
     Examples:
         >>> from ignite_tbptt.planning import Schedule, StreamPlanner, plan_batch
         >>> windows = batch_windows(StreamPlanner(Schedule(4, 4)), plan_batch(0, 10, False, {}), 0, True, 0)
-        >>> [(w.start, w.end) for w in windows]
-        [(0, 4), (4, 8)]
+        >>> [(w.segment.start, w.segment.end, w.close.following.start) for w in windows]
+        [(0, 4, 4), (4, 8, 8)]
     """
     planner = copy.copy(planner)
-    windows: list[SegmentPlan] = []
+    windows: list[PlannedWindow] = []
     while position < batch.end:
         number += 1
         planner.open_window(position, number)
         plan = planner.segment(position, batch.end, batch.stream_end, batch.next_start(position), one_window_per_step)
         if planner.recorded or not plan.self_contained:
             break
-        planner.closed(planner.close(plan.end, batch.stream_continues(plan.end), []))
-        windows.append(plan)
+        close = planner.close(plan.end, batch.stream_continues(plan.end), [])  # it retains nothing
+        planner.closed(close)
+        windows.append(PlannedWindow(plan, close))
         position = plan.end
     return tuple(windows) if len(windows) > 1 else ()

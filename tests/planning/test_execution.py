@@ -61,13 +61,21 @@ def test_one_batch_program_runs_the_whole_windows_of_one_call_up_to_a_start_insi
     # Starts at 8 (a window's first step: its reset is a mask) and 14 (inside the window [12, 16)).
     batch = plan_batch(0, 22, False, {8: None, 14: None})
     windows = batch_windows(planner, batch, 0, True, 0)
-    assert [(w.start, w.end) for w in windows] == [(0, 4), (4, 8), (8, 12)]
-    assert all(w.self_contained and w.backward_mean for w in windows)
+    assert [(w.segment.start, w.segment.end) for w in windows] == [(0, 4), (4, 8), (8, 12)]
+    assert all(w.segment.self_contained and w.segment.backward_mean for w in windows)
     assert planner.window is None  # planned on a copy
+    # Each with the close the loop would plan, which it carries out as it walks the program's windows.
+    closes = []
+    for w in windows:
+        planner.open_window(w.segment.start, 0)
+        closes.append(planner.close(w.segment.end, batch.stream_continues(w.segment.end), []))
+        planner.closed(closes[-1])
+    assert [w.close for w in windows] == closes
+    planner.reset()
     # From 12 on, the start at 14 splits the first window: no run of two.
     assert batch_windows(planner, batch, 12, True, 3) == ()
     # A window that records its reach ends the run: window 3 of the run.
     planner.reach.ask(every=3)
-    assert [(w.start, w.end) for w in batch_windows(planner, batch, 0, True, 0)] == [(0, 4), (4, 8)]
+    assert [(w.segment.start, w.segment.end) for w in batch_windows(planner, batch, 0, True, 0)] == [(0, 4), (4, 8)]
     # k2 > k1 reaches back: no window of one call.
     assert batch_windows(StreamPlanner(Schedule(4, 6)), batch, 0, True, 0) == ()
