@@ -63,9 +63,9 @@ class Execution(enum.Enum):
 
     #: Every segment by the eager :class:`~ignite_tbptt.runtime.SegmentExecutor` (``cuda_graphs=False``).
     EAGER = "eager"
-    #: Replayable windows as window programs, uncaptured, on any device (``cuda_graphs="uncaptured"``).
+    #: Windows as programs where planning says so, run uncaptured, on any device (``cuda_graphs="uncaptured"``).
     PROGRAMS = "programs"
-    #: Replayable windows as window programs captured in CUDA graphs (``cuda_graphs=True``).
+    #: Windows as programs where planning says so, captured in CUDA graphs (``cuda_graphs=True``).
     CUDA_GRAPHS = "cuda_graphs"
     #: Programs recorded once and replayed without their Python, under capture's rules, on any device
     #: (``cuda_graphs="replayed"``, :mod:`~ignite_tbptt.runtime.programs.replayed_capture`).
