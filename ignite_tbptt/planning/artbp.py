@@ -16,7 +16,7 @@ import math
 import random
 from bisect import bisect_right
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from ..checks import positive_int
 from .window import Window, WindowSource
@@ -72,6 +72,9 @@ class ARTBP(WindowSource):
         >>> all(p % 5 == 0 and factor == 1 / (1 - 0.25) for p, factor in source.compensation(0).items())
         True
     """
+
+    #: The gradient crossing a candidate point is reweighted inside the sweep (the compensation).
+    reweights: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -153,11 +156,6 @@ class ARTBP(WindowSource):
     @property
     def spans_windows(self) -> bool:
         """No backward pass reaches into an earlier window."""
-        return False
-
-    @property
-    def allows_programs(self) -> bool:
-        """No program runs these windows: the gradient crossing a candidate point is reweighted inside the sweep."""
         return False
 
     def boundary(self, window: Window, step: int, stream_end: int | None = None) -> int:

@@ -7,7 +7,7 @@ University of Toronto, section 2.8.6. The cut rule is SPEC.md's, shared with :cl
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ..checks import positive_int
 from .window import Window, WindowSource
@@ -61,13 +61,9 @@ class K2Rule:
         return self.k2 > self.k1
 
     @property
-    def allows_programs(self) -> bool:
-        """Windows of varying length run as programs only where k1 = k2: other cuts fall at places of every kind.
-
-        A cut ``k2 - k1`` before a window's start falls anywhere inside an earlier window, so that its parts have
-        shapes without end; k2 < k1 gives the steps before each cut their own loss only.
-        """
-        return self.k1 == self.k2
+    def cuts_inside_windows(self) -> bool:
+        """Only k2 < k1 cuts inside a window: ``k2`` steps before its end."""
+        return self.k2 < self.k1
 
 
 @dataclass(frozen=True)
@@ -100,15 +96,12 @@ class Schedule(K2Rule, WindowSource):
 
     k1: int
     k2: int
+    #: Every window is ``k1`` steps long but the stream's last.
+    fixed_length: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         positive_int("k1", self.k1, "a number of time steps")
         positive_int("k2", self.k2, "a number of time steps")
-
-    @property
-    def allows_programs(self) -> bool:
-        """Window and sweep programs run every k2 >= k1; k2 < k1 gives the steps before each cut their own loss only."""
-        return self.k2 >= self.k1
 
     def window(self, start: int) -> Window:
         """The full window that starts at ``start``: ``[start, start + k1)`` and its cut."""

@@ -68,15 +68,27 @@ class WindowSource(ABC):
         """Whether a backward pass may reach into earlier windows, so that graphs outlive optimizer steps."""
         return True
 
+    #: Whether every window has one length (but where the stream ends): reaching back (``spans_windows``), the cuts
+    #: then fall at a few places inside earlier windows, so that the windows have a few shapes.
+    fixed_length: ClassVar[bool] = False
+    #: Whether the backward sweep reweights the gradient crossing some steps (ARTBP's compensation).
+    reweights: ClassVar[bool] = False
+
+    @property
+    def cuts_inside_windows(self) -> bool:
+        """Whether a window's cut may fall after its start (k2 < k1): the steps before it get their own loss only."""
+        return False
+
     @property
     def allows_programs(self) -> bool:
-        """Whether the windows may run as programs (``cuda_graphs``): window programs and sweep programs.
+        """Whether the windows may run as programs (``cuda_graphs``), from what the source states of them.
 
-        A window of one model call paid at once is a window program (:attr:`SegmentPlan.self_contained`), any other a
-        sweep program, which needs every step to get the gradient of the whole window (no k2 < k1 cut) and windows
-        of a few shapes. By default, a source whose backward passes never reach an earlier window.
+        A program runs a window whose every step gets the gradient of the whole window (no cut inside it), not
+        reweighted inside the sweep, and, where windows reach back into earlier ones, windows of a few shapes (one
+        length). A source says so through :attr:`fixed_length`, :attr:`reweights`, :attr:`cuts_inside_windows` and
+        :attr:`spans_windows`; nothing else decides.
         """
-        return not self.spans_windows
+        return not self.reweights and not self.cuts_inside_windows and (self.fixed_length or not self.spans_windows)
 
     def reset(self) -> None:
         """A new stream starts (at step 0); sources with per-stream state forget it here."""

@@ -79,3 +79,14 @@ def test_one_batch_program_runs_the_whole_windows_of_one_call_up_to_a_start_insi
     assert [(w.segment.start, w.segment.end) for w in batch_windows(planner, batch, 0, True, 0)] == [(0, 4), (4, 8)]
     # k2 > k1 reaches back: no window of one call.
     assert batch_windows(StreamPlanner(Schedule(4, 6)), batch, 0, True, 0) == ()
+
+
+def test_which_sources_allow_programs_follows_from_what_they_state():
+    from ignite_tbptt import ARTBP, AdaptiveTruncation, RandomWindows
+
+    # Fixed windows: every k2 >= k1 (a cut k2 - k1 before a window's start falls at a few places); k2 < k1 cuts inside.
+    assert [Schedule(4, k2).allows_programs for k2 in (2, 4, 6, 9)] == [False, True, True, True]
+    # Windows of varying length: only where no window reaches back (k1 = k2, each cut at its window's start).
+    assert [RandomWindows(6, k2, seed=0).allows_programs for k2 in (3, 6, 9)] == [False, True, False]
+    assert not ARTBP(grid=2, mean_length=6, seed=0).allows_programs  # the sweep reweights the gradient
+    assert not AdaptiveTruncation(0.1, 4, 16).allows_programs  # windows reach back, and its k2 moves
