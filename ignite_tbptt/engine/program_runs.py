@@ -15,18 +15,16 @@ is counted with its reason.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..planning import BatchPlan, Eager, PlannedWindow, batch_windows, plan_window
 from ..runtime import BatchProgram, BatchResults, BatchWindow, ProgramExecutor
-from .loop_protocols import LoopView
+from .loop_protocols import LoopView, Resets
 
 __all__ = ["run_window_program", "run_batch_program"]
-
-Resets = Mapping[int, torch.Tensor | None]
 
 
 def run_window_program(
@@ -51,7 +49,7 @@ def run_window_program(
     position, one_window_per_step = loop.stream.position, loop.optimizer_step.one_window_per_step
     plans, eager = plan_window(loop.planner, batch, position, one_window_per_step, blocked)
     if eager is None:
-        results = executor.run_sweep(list(plans), x, y, resets, batch.start, keep_predictions)
+        results = executor.run_sweep(plans, x, y, resets, batch.start, keep_predictions)
         if results is not None:
             for plan, result in zip(plans, results):
                 loop.segment_done(batch, plan, result, out, swept=True)

@@ -9,7 +9,7 @@ a step's boundary is reported to a :class:`LoopListener` (the process function's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -34,15 +34,11 @@ from ..runtime import (
     reach_profile,
 )
 from . import distributed
-from .loop_protocols import CompletedWindow, LoopListener
+from .loop_protocols import CompletedWindow, LoopListener, Resets
 from .optimizer_step import OptimizerStep
 from .program_runs import run_batch_program, run_window_program
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
-
-#: The columns that start a sequence (``(B,)`` bool), by step of the batch; ``None`` at a step where only another
-#: process's do (a model sharded by FSDP2).
-Resets = Mapping[int, torch.Tensor | None]
 
 
 class BatchResult(NamedTuple):

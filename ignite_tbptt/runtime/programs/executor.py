@@ -183,7 +183,7 @@ class ProgramExecutor(SegmentExecutor):
         return None
 
     def run_sweep(
-        self, plans: list[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool
+        self, plans: Sequence[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool
     ) -> list[SegmentResult] | None:
         """Run the open window, whose segments ``plans`` lists, as a sweep program (:mod:`.sweep`).
 
@@ -219,7 +219,7 @@ class ProgramExecutor(SegmentExecutor):
 
     def _sweep(
         self,
-        plans: list[SegmentPlan],
+        plans: Sequence[SegmentPlan],
         reach: list[Recomputation],
         xw: Any,
         yw: Any,

@@ -49,12 +49,11 @@ from typing import Any, Literal, NamedTuple, overload
 
 import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
-from torch.utils import _pytree as pytree
 
 from ..gradients import divide_and_check, skips_on_device
 from ..step_body import gradients_of, step_optimizer, unscale_and_divide
 from .cache import ProgramCache, ProgramCounts
-from .capture import GraphCapture, Program
+from .capture import GraphCapture, Program, copied_out
 from .replayed_capture import ReplayedCapture
 
 __all__ = ["StaticGradients", "StepHandler", "StepHandlers", "StepPrograms", "StepProgram"]
@@ -384,9 +383,8 @@ class StepProgram:
         return self._host_parts(outputs, skipped, fresh)
 
     def _host_parts(self, outputs: list, skipped: torch.Tensor | None, fresh: bool) -> torch.Tensor | None:
-        if not fresh:  # a handler may keep what it is given: the next replay overwrites the graph's tensors
-            outputs = pytree.tree_map_only(torch.Tensor, torch.clone, outputs)
-        for handler, output in zip(self.handlers, outputs):
+        # A handler may keep what it is given: the next replay overwrites the graph's tensors.
+        for handler, output in zip(self.handlers, copied_out(outputs, fresh)):
             handler.host_part(output)
         return skipped
 
