@@ -25,6 +25,7 @@ kept on the device on the CPU too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -137,6 +138,33 @@ class OptimizerStep:
         """A window's backward pass is done; returns whether the step is due."""
         self.accumulated += 1
         return self.accumulated == self.accumulation
+
+    def steps_ahead(
+        self, windows: Sequence[tuple[int, bool]], counted: bool
+    ) -> tuple[list[tuple[bool, int | None]], list[int]]:
+        """Where windows still to run would start and complete steps, as :meth:`window_completed` will find them.
+
+        Args:
+            windows: each window's target count and whether it backpropagates its mean, in order.
+            counted: ``target_count_fn`` counts the windows' targets on the device: a step's divisor is then only
+                what its windows before these counted (on the host).
+
+        Returns:
+            For each window, whether it is the first of its step and the index of the step it completes (``None`` if
+            none); and each completed step's divisor, as :meth:`prepare` divides.
+        """
+        accumulated, targets, carried = self.accumulated, self.targets, self.targets
+        places: list[tuple[bool, int | None]] = []
+        divisors: list[int] = []
+        for n, backward_mean in windows:
+            first = accumulated == 0
+            accumulated, targets = accumulated + 1, targets + n
+            completes = accumulated == self.accumulation
+            places.append((first, len(divisors) if completes else None))
+            if completes:
+                divisors.append(carried if counted else 1 if backward_mean else targets)
+                accumulated = targets = carried = 0
+        return places, divisors
 
     def synchronise(self, position: tuple[int, ...], targets: int) -> int:
         """:func:`~ignite_tbptt.engine.distributed.synchronise` on the parameters' device; the summed target count.

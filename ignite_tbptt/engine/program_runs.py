@@ -100,7 +100,7 @@ def run_batch_program(
     if not planned:
         return False
     windows, divisors = _windows(loop, batch, y, resets, planned, executor.target_count_fn is not None)
-    _, settings = programs.fill_buffers(need_gradients=False)
+    _, settings = programs.fill_buffers()
     trained = [p.grad is not None for p in executor.trained]
     key: tuple = (x.shape, x.dtype, y.shape, y.dtype, windows, tuple(h.key for h in handlers.on_device), tuple(trained))
     key += programs.identity()
@@ -144,30 +144,14 @@ def _walk(
 
 
 def _windows(
-    loop: LoopView,
-    batch: BatchPlan,
-    y: Any,
-    resets: Resets,
-    planned: tuple[PlannedWindow, ...],
-    counted: bool,
+    loop: LoopView, batch: BatchPlan, y: Any, resets: Resets, planned: tuple[PlannedWindow, ...], counted: bool
 ) -> tuple[tuple[BatchWindow, ...], list[int]]:
-    # The program's windows, and each step's divisor (counted by target_count_fn on the device: the targets of its
-    # windows before the batch).
-    step, offset = loop.optimizer_step, batch.start
-    accumulated, targets = step.accumulated, step.targets
-    carried = step.targets  # counted before the batch, on the host: the first step's windows of earlier batches
-    windows: list[BatchWindow] = []
-    divisors: list[int] = []
-    for plan, _ in planned:
-        start, end = plan.start - offset, plan.end - offset
-        n = loop.layout.steps(y, start, end).numel()
-        first = accumulated == 0
-        accumulated, targets = accumulated + 1, targets + n
-        completes = accumulated == step.accumulation
-        windows.append(
-            BatchWindow(start, end, start in resets, plan.backward_mean, n, first, len(divisors) if completes else None)
-        )
-        if completes:
-            divisors.append(carried if counted else 1 if plan.backward_mean else targets)
-            accumulated = targets = carried = 0
-    return tuple(windows), divisors
+    # The program's windows, placed in their optimizer steps as the loop will take them, and each step's divisor.
+    spans = [(plan.start - batch.start, plan.end - batch.start, plan.backward_mean) for plan, _ in planned]
+    targets = [loop.layout.steps(y, start, end).numel() for start, end, _ in spans]
+    places, divisors = loop.optimizer_step.steps_ahead([(n, mean) for n, (_, _, mean) in zip(targets, spans)], counted)
+    windows = tuple(
+        BatchWindow(start, end, start in resets, mean, n, first, step)
+        for (start, end, mean), n, (first, step) in zip(spans, targets, places)
+    )
+    return windows, divisors

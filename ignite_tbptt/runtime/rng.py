@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["RNGState", "capture", "restored", "own_dropout_state", "refuse_own_dropout_state"]
+__all__ = ["RNGState", "capture", "same", "restored", "own_dropout_state", "refuse_own_dropout_state"]
 
 _OWN_DROPOUT_STATE = (
     "{where} runs forward passes again, and recurrent modules with dropout between their layers ({names}) draw it "
@@ -22,6 +22,14 @@ RNGState = tuple[torch.Tensor, torch.Tensor | None]
 def capture(device: torch.device) -> RNGState:
     """The CPU generator's state and, for a CUDA ``device``, that device's generator state."""
     return torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def same(a: RNGState, b: RNGState) -> bool:
+    """Whether two states :func:`capture` took for the same device are equal: no random number was drawn between."""
+    (cpu, cuda), (cpu_after, cuda_after) = a, b
+    if not torch.equal(cpu, cpu_after):
+        return False
+    return cuda is None or (cuda_after is not None and torch.equal(cuda, cuda_after))
 
 
 def own_dropout_state(model: torch.nn.Module) -> list[str]:

@@ -9,7 +9,7 @@ dropped for a new one, its graph freed, and the drop counted. A user reads the c
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -59,19 +59,21 @@ class ProgramCache:
         self.limit, self.counts = limit, counts
         self._programs: OrderedDict[Hashable, Any] = OrderedDict()
 
-    def get(self, key: Hashable) -> Any:
-        """The program of ``key``, now the most recently used, or ``None``."""
-        program = self._programs.get(key)
-        if program is not None:
-            self._programs.move_to_end(key)
-        return program
+    def fetch(self, key: Hashable, make: Callable[[], Any], valid: Callable[[Any], bool] | None = None) -> Any:
+        """The program of ``key``, now the most recently used; made by ``make()`` where there is none or it is stale.
 
-    def add(self, key: Hashable, program: Any) -> Any:
-        """Keep ``program`` under ``key``, dropping the least recently used where the cache is full; ``program``."""
+        ``valid(program)``: whether it is still valid (what it was made for is unchanged). A new program drops the
+        least recently used where the cache is full.
+        """
+        program = self._programs.get(key)
+        if program is not None and (valid is None or valid(program)):
+            self._programs.move_to_end(key)
+            return program
+        self._programs.pop(key, None)
         while len(self._programs) >= self.limit:
             self._programs.popitem(last=False)
             self.counts.evictions += 1
-        self._programs[key] = program
+        program = self._programs[key] = make()
         return program
 
     def drop(self, program: Any) -> None:

@@ -158,14 +158,11 @@ class StaticInputs:
     def __init__(self) -> None:
         self.buffers: list[torch.Tensor] = []
 
-    def add(self, buffer: torch.Tensor) -> torch.Tensor:
-        """Keep ``buffer`` as the next input; returns it."""
+    def like(self, t: torch.Tensor) -> torch.Tensor:
+        """A new input of ``t``'s shape, dtype, device and strides, not requiring grad: the next buffer written."""
+        buffer = torch.empty_like(t.detach())
         self.buffers.append(buffer)
         return buffer
-
-    def like(self, t: torch.Tensor) -> torch.Tensor:
-        """A new input of ``t``'s shape, dtype, device and strides, not requiring grad."""
-        return self.add(torch.empty_like(t.detach()))
 
     def write(self, sources: list[torch.Tensor]) -> None:
         """Copy ``sources`` in, one per buffer in the order they were added."""

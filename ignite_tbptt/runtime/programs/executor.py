@@ -1,26 +1,19 @@
 """The second executor: windows run as programs over static buffers, captured once in CUDA graphs and replayed.
 
 Where the model is small, a GPU step is bound by kernel launches: a window of a GRU of 8 units is some fifty
-launches of a few microseconds each. A CUDA graph records them once and replays them as one. What a graph can
-replay is a window whose whole course is fixed before it runs, which planning says as the window opens
-(:func:`~ignite_tbptt.planning.plan_window`): the batch holds all of it, every step gets the gradient of the whole
-window, its gradient reach is not recorded. Such a window runs whole as one sweep program
-(:mod:`~ignite_tbptt.runtime.programs.sweep`, a window program where it is one model call reaching nothing, as every
-window at k1 = k2 but a stream's first): its input, targets, hidden state and reset masks are copied into static
-buffers, the model, the loss (with ``target_count_fn``'s count, on the device), the retained segments it reaches run
-again with their weights, and the backward pass run on them, and the window's gradients (the program's outputs)
-are added into the parameters' static ``.grad`` buffers after each run as autograd's backward pass would add them.
-:meth:`ProgramExecutor.run_sweep` returns its segments' results to the stream loop; every other window (the first
-windows of a stream, windows the batch ends inside) runs segment by segment as the eager
-:class:`~ignite_tbptt.runtime.SegmentExecutor` runs it. The optimizer step that follows a window is a step program
-where it can be (:mod:`~ignite_tbptt.runtime.programs.step`), else eager; where no handler needs the host between
-windows, the rest of a batch runs as one batch program (:mod:`~ignite_tbptt.runtime.programs.batch`), whose results
-the stream loop walks window by window.
+launches of a few microseconds each, which a CUDA graph records once and replays as one. :class:`ProgramExecutor`
+runs a window whole as one sweep program (:mod:`~ignite_tbptt.runtime.programs.sweep`) where planning says it may
+(:func:`~ignite_tbptt.planning.plan_window`), the rest of a batch as one batch program
+(:mod:`~ignite_tbptt.runtime.programs.batch`) on the windows planning gives
+(:func:`~ignite_tbptt.planning.batch_windows`), and every other window segment by segment, as the eager
+:class:`~ignite_tbptt.runtime.SegmentExecutor` runs it. Its programs read their inputs from static buffers and add
+the window's gradients into the parameters' static ``.grad`` buffers as autograd's backward pass would, where the
+step programs (:mod:`~ignite_tbptt.runtime.programs.step`) read them.
 
-Captured (``capture=True``, ``cuda_graphs=True`` on CUDA), a program runs eagerly ``warmup`` times on a side
-stream, is captured once, and is replayed after. Uncaptured (``cuda_graphs="uncaptured"``, on any device), a
-program runs the same operations on the same buffers every window: it gives the eager path's parameters bit for
-bit, which is how programs are tested on the CPU.
+:class:`Execution` names how: eagerly; as programs uncaptured (the same operations on the same buffers every window,
+on any device: the eager parameters bit for bit); captured in CUDA graphs (``warmup`` eager runs on a side stream, one
+capture, replays after); or recorded and replayed under capture's rules on any device
+(:mod:`~ignite_tbptt.runtime.programs.replayed_capture`).
 
 Sources: PyTorch's CUDA semantics notes, "CUDA Graphs" (whole-network capture: warm-up on a side stream, static
 inputs copied in, outputs read after ``replay()``, ``torch.autocast(..., cache_enabled=False)`` under capture,
@@ -209,37 +202,23 @@ class ProgramExecutor(SegmentExecutor):
             ValueError: at its program's first run, if the window runs forward passes again (k2 > k1, or
                 ``recompute``) and the model drew random numbers; nothing of the window is applied.
         """
-        steps = self.model_call.layout.steps
+        stream, steps = self.stream, self.model_call.layout.steps
         first, last = plans[0], plans[-1]
-        reach = reach_of(self.stream.history.segments, first.window.cut, first.start)
+        reach = reach_of(stream.history.segments, first.window.cut, first.start)
         if reach is None:
             return None
         xw, yw = steps(x, first.start - offset, last.end - offset), steps(y, first.start - offset, last.end - offset)
-        return self._sweep(plans, reach, xw, yw, [resets.get(p.start - offset) for p in plans], keep)
-
-    def _sweep(
-        self,
-        plans: Sequence[SegmentPlan],
-        reach: list[Recomputation],
-        xw: Any,
-        yw: Any,
-        starts: list[torch.Tensor | None],
-        keep: bool,
-    ) -> list[SegmentResult]:
-        # The window of ``plans`` on its input ``xw`` and targets ``yw`` after ``reach``, as the sweep program of its
-        # shape; ``starts``: each call's reset mask.
-        stream, steps = self.stream, self.model_call.layout.steps
-        first, last = plans[0], plans[-1]
+        starts = [resets.get(p.start - offset) for p in plans]
         self._check_parameters()
         calls = tuple(
             Call(p.start - first.start, p.end - first.start, mask is not None, p.whole_window)
             for p, mask in zip(plans, starts)
         )
         key = (xw.shape, xw.dtype, yw.shape, yw.dtype, calls, first.backward_mean, SweepProgram.key(reach))
-        program = self.programs.get(key)
-        if program is None:
-            mean, rebuilds = first.backward_mean, first.rebuilt
-            program = self.programs.add(key, SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds))
+        mean, rebuilds = first.backward_mean, first.rebuilt
+        program = self.programs.fetch(
+            key, lambda: SweepProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds)
+        )
         self.let_state_graph_go()
         history = stream.history
         history.keep_only_recomputations(len(reach))
@@ -350,12 +329,8 @@ class ProgramExecutor(SegmentExecutor):
                 resized since.
         """
         self._check_parameters()
-        program = self.batch_programs.get(key)
-        if program is not None and not same_settings(program.settings, settings):
-            self.batch_programs.drop(program)  # a hyper-parameter other than the learning rate changed
-            program = None
-        if program is None:
-            program = self.batch_programs.add(key, make())
+        # Made again where a hyper-parameter other than the learning rate changed.
+        program = self.batch_programs.fetch(key, make, lambda p: same_settings(p.settings, settings))
         self.let_state_graph_go()
         results = program(x, y, self.stream.hidden, resets, divisors)
         self.stream.hidden = hs.unflatten(self.stream.hidden, results.state)

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Literal, NamedTuple, overload
+from typing import Any, NamedTuple
 
 import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
@@ -175,18 +175,16 @@ class StepPrograms:
             handlers: the ``OPTIMIZER_STEP_STARTED`` handlers; where some run on the host, the step is two programs,
                 around them.
         """
-        ready = self.fill_buffers()
-        if ready is None:
+        present, settings = self.fill_buffers()
+        if not any(present):
             return None
-        present, settings = ready
         key = (present, tuple(h.key for h in handlers.on_device), handlers.host_first, len(settings), self.identity())
-        program = self.programs.get(key)
-        if program is not None and (not same_settings(program.settings, settings) or program.stale()):
-            # A hyper-parameter other than the learning rate changed, or the state has new tensors: capture afresh.
-            self.programs.drop(program)
-            program = None
-        if program is None:
-            program = self.programs.add(key, StepProgram(self, handlers.on_device, handlers.host_first, settings))
+        # Made again where a hyper-parameter other than the learning rate changed, or the state has new tensors.
+        program = self.programs.fetch(
+            key,
+            lambda: StepProgram(self, handlers.on_device, handlers.host_first, settings),
+            lambda p: same_settings(p.settings, settings) and not p.stale(),
+        )
         assert self.divisor is not None, "fill_buffers() made the buffers"
         self.divisor.fill_(divisor)
         return program
@@ -220,29 +218,22 @@ class StepPrograms:
         """
         return tuple((i, key, t.data_ptr()) for i, key, t in self._state())
 
-    @overload
-    def fill_buffers(self, need_gradients: Literal[False]) -> tuple[tuple[bool, ...], list[dict]]: ...
-
-    @overload
-    def fill_buffers(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None: ...
-
-    def fill_buffers(self, need_gradients: bool = True) -> tuple[tuple[bool, ...], list[dict]] | None:
+    def fill_buffers(self) -> tuple[tuple[bool, ...], list[dict]]:
         """Make the buffers ready for a run: gradients in their static buffers, learning rates written.
 
         Returns:
             Which parameters have a gradient, and each group's hyper-parameters but the learning rate (what a
-            program is valid for); ``None`` where no parameter has a gradient and ``need_gradients``.
+            program is valid for).
         """
         params = self.parameters()
-        present = tuple(p.grad is not None for p in params)
-        if need_gradients and not any(present):
-            return None
         self._buffers(params)
         self.gradients.settle(params)
         groups = self.optimizer.param_groups
         for lr, group in zip(self.lrs, groups):
             lr.fill_(group["lr"])
-        return present, [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in groups]
+        return tuple(p.grad is not None for p in params), [
+            {k: v for k, v in g.items() if k not in ("params", "lr")} for g in groups
+        ]
 
     # -- what a program runs -----------------------------------------------------------------------------------
     def divide(self, divisor: torch.Tensor) -> dict | None:
@@ -368,15 +359,12 @@ class StepProgram:
             With an enabled scaler, whether it skipped the step (a 0-dim tensor); else ``None``.
         """
         programs = self.programs
-        if self.before is not None:
-            # The host's handlers ran since the program was chosen: a parameter given a new .grad goes back into its
-            # buffer, and a learning rate they set reaches this step. Another hyper-parameter they changed is not
-            # in the captured step: this once the step runs uncaptured, and the next gets a program of its own.
-            ready = programs.fill_buffers(need_gradients=False)
-            if not same_settings(self.settings, ready[1]):
-                programs.programs.drop(self)
-                (outputs, skipped), fresh = programs.step(self.handlers), True
-                return self._host_parts(outputs, skipped, fresh)
+        # A split step: the host's handlers ran since the program was chosen. A parameter given a new .grad goes back
+        # into its buffer, and a learning rate they set reaches this step. Another hyper-parameter they changed is not
+        # in the captured step: this once the step runs uncaptured, and the next gets a program of its own.
+        if self.before is not None and not same_settings(self.settings, programs.fill_buffers()[1]):
+            programs.programs.drop(self)
+            return self._host_parts(*programs.step(self.handlers), fresh=True)
         (outputs, skipped), fresh = self.after()
         if programs.scaler is not None and not fresh:
             programs.updated()
@@ -404,16 +392,8 @@ class StepProgram:
 
 def same_settings(a: list[dict], b: list[dict]) -> bool:
     """Whether two lists of hyper-parameters are equal; a tensor is compared by identity (== would read it)."""
-    if len(a) != len(b):
-        return False
-    for x, y in zip(a, b):
-        if x.keys() != y.keys():
-            return False
-        for k, v in x.items():
-            w = y[k]
-            if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor):
-                if v is not w:
-                    return False
-            elif v != w:
-                return False
-    return True
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x) for x, y in zip(a, b))
+
+
+def _same(v: Any, w: Any) -> bool:
+    return v is w if isinstance(v, torch.Tensor) or isinstance(w, torch.Tensor) else bool(v == w)

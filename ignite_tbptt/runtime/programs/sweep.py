@@ -204,17 +204,13 @@ def rnn_weights_kept(rnns: Sequence[torch.nn.RNNBase]) -> Iterator[None]:
     kept = [(list(m._flat_weights), list(m._flat_weight_refs)) for m in rnns]
     for m in rnns:
         # An instance attribute, on purpose: the class's method is untouched.
-        m.flatten_parameters = _no_flattening  # type: ignore[method-assign]
+        m.flatten_parameters = lambda: None  # type: ignore[method-assign]
     try:
         yield
     finally:
         for m, (weights, refs) in zip(rnns, kept):
             del m.flatten_parameters
             m._flat_weights, m._flat_weight_refs = weights, refs
-
-
-def _no_flattening() -> None:
-    return None
 
 
 class CallPass(NamedTuple):
@@ -378,7 +374,7 @@ class SweepProgram:
         before = None if self.checked else rng.capture(x.device)
         (losses, states, predictions, grads, counts), fresh = self.program()
         if before is not None:
-            if not _same_random_state(before, rng.capture(x.device)):
+            if not rng.same(before, rng.capture(x.device)):
                 raise ValueError(_RANDOM)
             self.checked = True
         # Read once the window has run, as the eager segments read theirs.
@@ -422,28 +418,25 @@ class SweepProgram:
     def _gradients(self, roots: list, counts: list) -> list:
         # The parameters' gradients: the window's, then each retained segment's from the latest back, as the eager
         # sweep adds them. With counts on the device, each call's loss apart, its gradient masked where it has none.
-        executor = self.executor
-        leaves = [*executor.trained, *self.leaves]
+        trained = self.executor.trained
+        leaves, n = [*trained, *self.leaves], len(trained)
         grads: list[torch.Tensor | None]
         if counts[0] is None:
             grads = list(torch.autograd.grad(sum(roots[1:], roots[0]), leaves, allow_unused=True))
         else:
             grads = [None] * len(leaves)
             for i, (root, count) in enumerate(zip(roots, counts)):
-                last = i == len(roots) - 1
-                call_grads = torch.autograd.grad(root, leaves, retain_graph=not last, allow_unused=True)
-                for j, g in enumerate(masked_by_count(call_grads, count)):
-                    if g is not None:
-                        so_far = grads[j]
-                        grads[j] = g if so_far is None else so_far + g
-        n = len(executor.trained)
-        total = grads[:n]
+                call_grads = torch.autograd.grad(root, leaves, retain_graph=i < len(roots) - 1, allow_unused=True)
+                grads = _added(grads, masked_by_count(call_grads, count))
+        total: list[torch.Tensor | None] = grads[:n]
         for j in range(len(self.pieces) - 1, -1, -1):
-            for i, piece_grad in enumerate(grads[n + j * n : n + (j + 1) * n]):
-                if piece_grad is not None:
-                    so_far = total[i]
-                    total[i] = piece_grad if so_far is None else so_far + piece_grad
+            total = _added(total, grads[n + j * n : n + (j + 1) * n])
         return total
+
+
+def _added(so_far: Sequence[torch.Tensor | None], more: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    # Gradients added as autograd adds them into .grad: a missing one (None) is no term.
+    return [b if a is None else a if b is None else a + b for a, b in zip(so_far, more)]
 
 
 def masked_by_count(grads: Sequence[torch.Tensor | None], count: torch.Tensor) -> list[torch.Tensor | None]:
@@ -457,11 +450,3 @@ def masked_by_count(grads: Sequence[torch.Tensor | None], count: torch.Tensor) -
 
 def _bound(call: Callable, x: torch.Tensor, state: Any, starts: torch.Tensor | None) -> Callable[[], Any]:
     return lambda: call(x, state, None, False, starts)
-
-
-def _same_random_state(a: rng.RNGState, b: rng.RNGState) -> bool:
-    # Both captured for the same device: a CUDA generator's state in both or in neither.
-    (cpu, cuda), (cpu_after, cuda_after) = a, b
-    if not torch.equal(cpu, cpu_after):
-        return False
-    return cuda is None or (cuda_after is not None and torch.equal(cuda, cuda_after))
