@@ -122,9 +122,10 @@ class StreamLoop:
         self.planner = StreamPlanner(source, recompute)
         history = RetainedHistory(model_call, optimizer_step.parameters, None, recompute is not None)
         self.stream = StreamState(history)
-        loss, parameters = LossRule(loss_fn, model_call, optimizer_step.scaler), optimizer_step.parameters
-        args = (model_call, loss, self.stream, target_count_fn, parameters, optimizer_step.programs)
-        self.executor = build_executor(execution, *args)
+        loss = LossRule(loss_fn, model_call, optimizer_step.scaler)
+        self.executor = build_executor(
+            execution, model_call, loss, self.stream, target_count_fn, optimizer_step.programs
+        )
         self.use_source(source)
         #: The model has parameters sharded by FSDP2 and runs in a distributed group (:meth:`start_run`).
         self.sharded = False
@@ -273,8 +274,7 @@ class StreamLoop:
                 self.open_window()
                 if run_window_program(self, programs, batch, x, y, resets, blocked, keep_predictions, out):
                     continue  # it walked the window it ran
-            step = stream.position
-            plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
+            plan = planner.segment(stream.position, batch, one_window_per_step)
             start, end = plan.start - offset, plan.end - offset
             result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
             self.segment_done(batch, plan, result, out)

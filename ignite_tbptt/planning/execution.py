@@ -97,7 +97,7 @@ def _window_segments(
     # The open window's segments as the walk will plan them, or why it cannot run whole.
     plans: list[SegmentPlan] = []
     while True:
-        plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), one_window_per_step)
+        plan = planner.segment(step, batch, one_window_per_step)
         if plan.own_loss_only:
             return Eager.OWN_LOSS_ONLY
         plans.append(plan)
@@ -138,7 +138,7 @@ def batch_windows(
     while position < batch.end:
         number += 1
         planner.open_window(position, number)
-        plan = planner.segment(position, batch.end, batch.stream_end, batch.next_start(position), one_window_per_step)
+        plan = planner.segment(position, batch, one_window_per_step)
         if planner.recorded or not plan.self_contained:
             break
         close = planner.close(plan.end, batch.stream_continues(plan.end), [])  # it retains nothing

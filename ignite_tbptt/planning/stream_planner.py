@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .batch_plan import BatchPlan
 from .close_plan import ClosePlan, plan_close
 from .reach import ReachRequests
 from .segment_plan import SegmentPlan, plan_segment
@@ -57,22 +58,21 @@ class StreamPlanner:
         self.recorded = self.reach.records(number)
         return window
 
-    def segment(
-        self,
-        step: int,
-        batch_end: int,
-        stream_end: int | None,
-        next_start: int | None = None,
-        one_window_per_step: bool = False,
-    ) -> SegmentPlan:
-        """The plan of the open window's segment from ``step``; arguments as :func:`plan_segment`'s."""
+    def segment(self, step: int, batch: BatchPlan, one_window_per_step: bool = False) -> SegmentPlan:
+        """The plan of the open window's segment from ``step`` of ``batch``.
+
+        ``batch`` bounds it: its end, the stream's end where the batch ends the stream, and the next sequence start
+        after ``step``; ``one_window_per_step``: each optimizer step applies this window alone. See
+        :func:`plan_segment`.
+        """
         stride = self.reach.stride if self.recorded else None
+        window, next_start = self._open(), batch.next_start(step)
         return plan_segment(
             self.source,
-            self._open(),
+            window,
             step,
-            batch_end,
-            stream_end,
+            batch.end,
+            batch.stream_end,
             self.recompute,
             next_start,
             stride,

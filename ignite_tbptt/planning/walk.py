@@ -139,7 +139,7 @@ class _Stream:
             if planner.window is None:
                 self.windows += 1
                 planner.open_window(step, self.windows)
-            plan = planner.segment(step, batch.end, batch.stream_end, batch.next_start(step), self.one_window_per_step)
+            plan = planner.segment(step, batch, self.one_window_per_step)
             yield Planned(index, plan, tuple(retained))
             if plan.joins_history:
                 retained.append(plan.start)

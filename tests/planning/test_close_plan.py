@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ignite_tbptt import ARTBP, RandomWindows, Schedule
-from ignite_tbptt.planning import StreamPlanner
+from ignite_tbptt.planning import StreamPlanner, plan_batch
 
 from ..reference import spec_cut
 
@@ -12,16 +12,16 @@ from ..reference import spec_cut
 def closes(source, lengths, known=True):
     """Plan a carried stream in batches of ``lengths`` as the loop does: each close plan with the retained starts."""
     planner, retained, found = StreamPlanner(source), [], []
-    position, total, number = 0, sum(lengths), 0
+    position, number = 0, 0
     batch_end = 0
     for i, length in enumerate(lengths):
-        batch_end += length
-        stream_end = total if known and i == len(lengths) - 1 else None
+        batch = plan_batch(batch_end, length, known and i == len(lengths) - 1)
+        batch_end, stream_end = batch.end, batch.stream_end
         while position < batch_end:
             if planner.window is None:
                 number += 1
                 planner.open_window(position, number)
-            plan = planner.segment(position, batch_end, stream_end)
+            plan = planner.segment(position, batch)
             if plan.joins_history:
                 retained.append(plan.start)
             position = plan.end

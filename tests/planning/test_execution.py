@@ -32,7 +32,7 @@ def test_a_window_runs_whole_where_the_batch_holds_it_with_the_segments_the_walk
     assert plans[0].start == position and plans[-1].end == position + k1 and plans[-1].closes_window
     assert all(a.end == b.start for a, b in zip(plans, plans[1:]))
     for plan in plans:
-        assert plan == planner.segment(plan.start, batch.end, None, batch.next_start(plan.start), False)
+        assert plan == planner.segment(plan.start, batch)
     assert planner.window is not None and planner.window.start == position  # planning changed nothing
 
 

@@ -39,10 +39,10 @@ from ..module_state import repoint_caches
 from ..profiling import profiling
 from ..stream import StreamState
 from .batch import BatchProgram, BatchResults
-from .cache import ProgramCache, ProgramCounts
+from .cache import ProgramCache
 from .capture import GraphCapture
 from .replayed_capture import ReplayedCapture
-from .step import StaticGradients, StepPrograms, same_settings
+from .step import StepPrograms, same_settings
 from .sweep import Call, CallPass, ReachWeights, SweepProgram, reach_of
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor"]
@@ -79,23 +79,13 @@ def build_executor(
     loss: LossRule,
     stream: StreamState,
     target_count_fn: Callable[[Any, Any], int | torch.Tensor] | None,
-    parameters: Callable[[], list[torch.Tensor]],
-    steps: StepPrograms | None = None,
+    steps: StepPrograms | None,
 ) -> SegmentExecutor:
-    """The executor ``execution`` names, over ``stream``; ``parameters``: the optimizer's, in its order.
-
-    ``steps``: the step programs, whose static ``.grad`` buffers, capture and counts the window programs share (a
-    capture of their own for ``execution`` if ``None``).
-    """
+    """The executor ``execution`` names, over ``stream``; ``steps``: the step programs (``None`` where eager)."""
     if execution is Execution.EAGER:
         return SegmentExecutor(model_call, loss, stream, target_count_fn)
-    if steps is None:
-        graphs, gradients, counts = execution.graph_capture(), None, None
-    else:
-        graphs, gradients, counts = steps.capture, steps.gradients, steps.counts
-    return ProgramExecutor(
-        model_call, loss, stream, target_count_fn, parameters, graphs=graphs, gradients=gradients, counts=counts
-    )
+    assert steps is not None, "the trainer makes step programs wherever windows may run as programs"
+    return ProgramExecutor(model_call, loss, stream, target_count_fn, steps)
 
 
 def _storages_by_name(model: torch.nn.Module) -> dict[int, str]:
@@ -117,13 +107,10 @@ class ProgramExecutor(SegmentExecutor):
         stream: the stream's state.
         target_count_fn: ``target_count_fn(y_pred, y)``, a segment's target count, or ``None`` for ``y.numel()``; in
             a program it runs on the device and is read after the window (under capture: after the replay).
-        parameters: the optimizer's parameters, in its order.
-        graphs: what captures each program after its warm-up runs (a CUDA graph's
-            :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture`, or a
-            :class:`~ignite_tbptt.runtime.programs.replayed_capture.ReplayedCapture`); ``None`` runs the same program
-            eagerly every window.
-        gradients: the parameters' static ``.grad`` buffers, shared with the step programs (a new set if ``None``).
-        counts: how the programs ran, shared with the step programs (new counts if ``None``).
+        steps: the optimizer's step programs, whose parameters (in the optimizer's order), static ``.grad`` buffers,
+            capture (a CUDA graph's :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture`, a
+            :class:`~ignite_tbptt.runtime.programs.replayed_capture.ReplayedCapture`, or ``None``: the same program
+            runs eagerly every window) and counts the window and batch programs share.
         limit: the most window shapes given a program, and the most batch programs; a new one drops the least
             recently used.
     """
@@ -136,20 +123,16 @@ class ProgramExecutor(SegmentExecutor):
         loss: LossRule,
         stream: StreamState,
         target_count_fn: Callable[[Any, Any], Any] | None,
-        parameters: Callable[[], list[torch.Tensor]],
+        steps: StepPrograms,
         *,
-        graphs: GraphCapture | None,
-        gradients: StaticGradients | None = None,
-        counts: ProgramCounts | None = None,
         limit: int = 8,
     ) -> None:
         super().__init__(model_call, loss, stream, target_count_fn)
-        self.parameters = parameters
-        self.gradients = gradients if gradients is not None else StaticGradients()
-        #: What the programs' graphs share (``None`` uncaptured); the step programs use it too.
-        self.graphs = graphs
+        self.parameters, self.gradients = steps.parameters, steps.gradients
+        #: What the programs' graphs share (``None`` uncaptured), the step programs' too.
+        self.graphs = graphs = steps.capture
         #: How the programs ran (``engine.state.programs``).
-        self.counts = counts if counts is not None else graphs.counts if graphs is not None else ProgramCounts()
+        self.counts = steps.counts
         if isinstance(graphs, ReplayedCapture):  # its errors name the model's tensors
             graphs.name(lambda: _storages_by_name(model_call.model))
         self.programs = ProgramCache(limit, self.counts)  # window and sweep programs
