@@ -93,14 +93,18 @@ class Group:
             self.close()
             raise AssertionError("\n".join(failures))
 
-    def close(self) -> None:
-        """End the processes: asked to stop, then killed if they do not."""
+    def stop(self) -> None:
+        """Ask the processes to end, without waiting for them (:meth:`close` waits)."""
         if not self.alive:
             return
         self.alive = False
         for tasks, process in zip(self.tasks, self.processes):
             if process.is_alive():
                 tasks.put(None)
+
+    def close(self) -> None:
+        """End the processes: asked to stop, then killed if they do not."""
+        self.stop()
         for process in self.processes:
             process.join(timeout=10)
             if process.is_alive():
@@ -119,5 +123,7 @@ def gloo():
         return groups[size]
 
     yield get
+    for group in groups.values():  # every group asked first, so that their processes end side by side
+        group.stop()
     for group in groups.values():
         group.close()

@@ -3,6 +3,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import ignite_tbptt
 import ignite_tbptt.data
 import ignite_tbptt.handlers
@@ -12,6 +14,7 @@ DOCS = Path(__file__).parent.parent / "docs"
 PUBLIC = [ignite_tbptt.data, ignite_tbptt.handlers, ignite_tbptt.models]  # beside the root
 
 
+@pytest.mark.slow  # a Sphinx build of every page
 def test_documentation_builds_without_warnings(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html", str(DOCS), str(tmp_path)],
@@ -49,6 +52,7 @@ def _documented_as_root(name: str, pages: dict[str, str]) -> bool:
     return short in ignite_tbptt.__all__ and any(f'id="ignite_tbptt.{short}"' in page for page in pages.values())
 
 
+@pytest.mark.slow  # the how-to's script, which starts its processes
 def test_the_distributed_howto_runs_as_written(tmp_path, free_port):
     text = (DOCS / "howto" / "distributed.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]

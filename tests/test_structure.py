@@ -255,6 +255,7 @@ def test_the_architecture_page_names_every_module():
             assert path.stem in page, f"docs/architecture.md does not name examples/{path.stem}"
 
 
+@pytest.mark.slow  # a process importing torch and ignite
 def test_the_package_root_imports_its_public_names_and_subpackages_on_first_use():
     # ``import ignite_tbptt`` loads no torch, so that an example's --help answers at once; each public name, and each
     # subpackage read as an attribute, loads when first read.

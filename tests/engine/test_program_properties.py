@@ -69,6 +69,7 @@ def train(cuda_graphs, data, k1, k2, accumulation, cell, optimizer, counted):
     return [p.detach().clone() for p in model.parameters()], trainer
 
 
+@pytest.mark.slow  # many trainings, three ways each
 @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     k1=st.integers(1, 5),

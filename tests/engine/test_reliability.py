@@ -179,6 +179,7 @@ def resident_mib():
         return int(f.read().split()[1]) * 4096 / 2**20
 
 
+@pytest.mark.slow  # 20,000 windows
 @pytest.mark.cpu_only("20,000 launch-bound windows take minutes on a GPU, and the memory it bounds is the host's")
 def test_twenty_thousand_windows_keep_objects_graphs_and_memory_bounded():
     torch.manual_seed(0)
