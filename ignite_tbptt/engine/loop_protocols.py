@@ -8,21 +8,14 @@ step's boundary to a :class:`LoopListener`. Deciding whether the next windows ru
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, NamedTuple, Protocol
-
-import torch
 
 from ..layout import Layout
 from ..planning import BatchPlan, ClosePlan, SegmentPlan, StreamPlanner
 from ..runtime import LossSum, RetainedHistory, SegmentResult, StepHandlers, StreamState
 from .optimizer_step import OptimizerStep, RunPosition
 
-__all__ = ["CompletedWindow", "LoopListener", "LoopView", "Resets"]
-
-#: The columns that start a sequence (``(B,)`` bool), by step of the batch; ``None`` at a step where only another
-#: process's do (a model sharded by FSDP2).
-Resets = Mapping[int, torch.Tensor | None]
+__all__ = ["CompletedWindow", "LoopListener", "LoopView"]
 
 
 class CompletedWindow(NamedTuple):

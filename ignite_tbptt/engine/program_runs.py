@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 from ..planning import BatchPlan, Eager, PlannedWindow, batch_windows, plan_window
-from ..runtime import BatchProgram, BatchResults, BatchWindow, ProgramExecutor
-from .loop_protocols import LoopView, Resets
+from ..runtime import BatchProgram, BatchResults, BatchWindow, ProgramExecutor, Resets
+from .loop_protocols import LoopView
 
 __all__ = ["run_window_program", "run_batch_program"]
 

@@ -23,6 +23,7 @@ from ..runtime import (
     LossSum,
     ModelCall,
     ProgramExecutor,
+    Resets,
     RetainedHistory,
     SegmentResult,
     StreamState,
@@ -34,7 +35,7 @@ from ..runtime import (
     reach_profile,
 )
 from . import distributed
-from .loop_protocols import CompletedWindow, LoopListener, Resets
+from .loop_protocols import CompletedWindow, LoopListener
 from .optimizer_step import OptimizerStep
 from .program_runs import run_batch_program, run_window_program
 

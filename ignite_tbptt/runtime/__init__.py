@@ -47,7 +47,7 @@ from .programs import (
     SweepProgram,
     build_executor,
 )
-from .reset import check_resettable, default_reset_hidden, reset_to
+from .reset import Resets, check_resettable, default_reset_hidden, reset_to
 from .rng import refuse_own_dropout_state
 from .sharded import is_sharded, reduce_gradients_by_sum
 from .step_body import gradients_of, step_optimizer, unscale_and_divide
@@ -70,6 +70,7 @@ __all__ = [
     "default_model_fn",
     "autocast_for",
     "device_type_of",
+    "Resets",
     "default_reset_hidden",
     "check_resettable",
     "reset_to",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -9,7 +10,11 @@ from torch.utils import _pytree as pytree
 
 from . import hidden as hs
 
-__all__ = ["default_reset_hidden", "check_resettable", "reset_to"]
+__all__ = ["Resets", "default_reset_hidden", "check_resettable", "reset_to"]
+
+#: The columns that start a sequence (``(B,)`` bool), by step of the batch; ``None`` at a step where only another
+#: process's do (a model sharded by FSDP2, which runs no program).
+Resets = Mapping[int, torch.Tensor | None]
 
 
 def _batch_dim(t: torch.Tensor, batch: int) -> int:

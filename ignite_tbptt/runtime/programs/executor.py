@@ -23,7 +23,7 @@ a memory pool shared by graphs that do not run concurrently).
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -37,6 +37,7 @@ from ..loss_rule import LossRule
 from ..model_call import ModelCall
 from ..module_state import repoint_caches
 from ..profiling import profiling
+from ..reset import Resets
 from ..stream import StreamState
 from .batch import BatchProgram, BatchResults
 from .cache import ProgramCache
@@ -46,9 +47,6 @@ from .step import StepPrograms, same_settings
 from .sweep import Call, CallPass, ReachWeights, SweepProgram, reach_of
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor"]
-
-#: The columns that start a sequence, by step of the batch (never ``None``: a sharded model runs no program).
-Resets = Mapping[int, torch.Tensor | None]
 
 
 class Execution(enum.Enum):
