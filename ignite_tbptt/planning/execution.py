@@ -22,6 +22,7 @@ from .batch_plan import BatchPlan
 from .close_plan import ClosePlan
 from .segment_plan import SegmentPlan
 from .stream_planner import StreamPlanner
+from .walk import StreamWalk
 
 __all__ = ["Eager", "WindowExecution", "PlannedWindow", "plan_window", "batch_windows"]
 
@@ -94,18 +95,18 @@ def plan_window(
 def _window_segments(
     planner: StreamPlanner, batch: BatchPlan, step: int, one_window_per_step: bool
 ) -> tuple[SegmentPlan, ...] | Eager:
-    # The open window's segments as the walk will plan them, or why it cannot run whole.
+    # The open window's segments as the walk plans them, up to the one that closes it (before its close, so that
+    # the planner is left as it is), or why it cannot run whole.
     plans: list[SegmentPlan] = []
-    while True:
-        plan = planner.segment(step, batch, one_window_per_step)
+    for planned in StreamWalk(planner, one_window_per_step).run(batch, 0, step):
+        plan = planned.plan
+        assert isinstance(plan, SegmentPlan), "the walk stops at the segment that closes the window"
         if plan.own_loss_only:
             return Eager.OWN_LOSS_ONLY
         plans.append(plan)
         if plan.closes_window:
             return tuple(plans)
-        if plan.end >= batch.end:
-            return Eager.BATCH_ENDS_INSIDE
-        step = plan.end
+    return Eager.BATCH_ENDS_INSIDE
 
 
 class PlannedWindow(NamedTuple):
@@ -133,16 +134,16 @@ def batch_windows(
         >>> [(w.segment.start, w.segment.end, w.close.following.start) for w in windows]
         [(0, 4, 4), (4, 8, 8)]
     """
-    planner = copy.copy(planner)
+    walk = StreamWalk(copy.copy(planner), one_window_per_step, number)
     windows: list[PlannedWindow] = []
-    while position < batch.end:
-        number += 1
-        planner.open_window(position, number)
-        plan = planner.segment(position, batch, one_window_per_step)
-        if planner.recorded or not plan.self_contained:
+    segment = None
+    for planned in walk.run(batch, 0, position):
+        plan = planned.plan
+        if isinstance(plan, ClosePlan):  # it retains nothing: a self-contained window's
+            assert segment is not None, "a close follows its window's segment"
+            windows.append(PlannedWindow(segment, plan))
+        elif walk.planner.recorded or not plan.self_contained:
             break
-        close = planner.close(plan.end, batch.stream_continues(plan.end), [])  # it retains nothing
-        planner.closed(close)
-        windows.append(PlannedWindow(plan, close))
-        position = plan.end
+        else:
+            segment = plan
     return tuple(windows) if len(windows) > 1 else ()

@@ -28,7 +28,7 @@ from .segment_plan import SegmentPlan
 from .stream_planner import StreamPlanner
 from .window import WindowSource
 
-__all__ = ["Planned", "walk"]
+__all__ = ["Planned", "StreamWalk", "walk"]
 
 
 class Planned(NamedTuple):
@@ -106,7 +106,7 @@ def walk(
     if recompute is not None:
         positive_int("recompute", recompute, "steps per rebuilt segment")
     starts = sorted(set(sequence_starts))
-    stream = _Stream(StreamPlanner(source, recompute), one_window_per_step)
+    stream = StreamWalk(StreamPlanner(source, recompute), one_window_per_step)
     for index, first in enumerate(range(0, length, size)):
         steps = min(size, length - first)
         if index == 0 or not carry:
@@ -116,25 +116,41 @@ def walk(
         batch = plan_batch(first if carry else 0, steps, ends_stream, [t - first for t in in_batch])
         yield from stream.run(batch, index)
     if stream.planner.window is not None:  # the stream's end, known only after its last batch, closes the open window
-        yield stream.close(length, False, index)
+        yield from stream.close(length, False, index)
 
 
-class _Stream:
-    """The planning side of the trainer's loop over one stream, and the retained segments' first steps."""
+class StreamWalk:
+    """The planning side of the trainer's loop over one stream, and the retained segments' first steps.
 
-    def __init__(self, planner: StreamPlanner, one_window_per_step: bool) -> None:
+    What every walk of a schedule runs: :func:`walk`, and the look-aheads that decide how windows run as programs
+    (:func:`~ignite_tbptt.planning.plan_window`, :func:`~ignite_tbptt.planning.batch_windows`, on a copy of the
+    stream's planner). The stream loop makes the same calls in the same order (the walk's tests check it against
+    the trainer's plans).
+
+    Args:
+        planner: the stream's planner (its open window, if any, where the walk starts).
+        one_window_per_step: each optimizer step applies one window of one process (no accumulation).
+        windows: the windows opened before the walk, numbered from 1 over the run as the trainer numbers them.
+    """
+
+    def __init__(self, planner: StreamPlanner, one_window_per_step: bool, windows: int = 0) -> None:
         self.planner, self.one_window_per_step = planner, one_window_per_step
         self.retained: list[int] = []
-        self.windows = 0  # windows opened so far, numbered from 1 over the walk as the trainer numbers them
+        self.windows = windows
 
     def reset(self) -> None:
         """A stream starts at step 0: no open window, nothing retained (:meth:`StreamLoop.reset_stream`)."""
         self.planner.reset()
         self.retained.clear()
 
-    def run(self, batch: BatchPlan, index: int) -> Iterator[Planned]:
-        """The plans of one batch, as :meth:`StreamLoop.run_batch` makes them."""
-        planner, retained, step = self.planner, self.retained, batch.start
+    def run(self, batch: BatchPlan, index: int, step: int | None = None) -> Iterator[Planned]:
+        """The plans of one batch from ``step`` (its first by default), as :meth:`StreamLoop.run_batch` makes them.
+
+        A window's close is carried out (the planner told, the retained starts it drops dropped) as the next plan
+        is asked for: a look-ahead that stops at a segment or a close leaves the planner where that plan was made.
+        """
+        planner, retained = self.planner, self.retained
+        step = batch.start if step is None else step
         while step < batch.end:
             if planner.window is None:
                 self.windows += 1
@@ -145,13 +161,12 @@ class _Stream:
                 retained.append(plan.start)
             step = plan.end
             if plan.closes_window:
-                yield self.close(step, batch.stream_continues(step), index)
+                yield from self.close(step, batch.stream_continues(step), index)
 
-    def close(self, end: int, stream_continues: bool, index: int) -> Planned:
+    def close(self, end: int, stream_continues: bool, index: int) -> Iterator[Planned]:
         """The open window's close at ``end``, as :meth:`StreamLoop.close_window` plans it; then the history kept."""
         retained = self.retained
         plan = self.planner.close(end, stream_continues, retained)
-        planned = Planned(index, plan, tuple(retained))
+        yield Planned(index, plan, tuple(retained))
         self.planner.closed(plan)
         del retained[: plan.keep_from]
-        return planned
