@@ -113,8 +113,7 @@ step() {  # step NAME COMMAND...: run it, its output to the terminal and to $OUT
 # -v prints each test's outcome as it ends; the filter keeps the failures, so each is seen when it happens. The whole
 # output, tracebacks included, goes to $OUT/NAME-full.log. The CUDA-graph tests run in a pytest of their own: a
 # capture that fails can leave CUDA's random generator unusable in its process, failing every later test there.
-GRAPH_TESTS=(tests/engine/test_cuda_graphs.py tests/engine/test_step_programs.py tests/engine/test_batch_programs.py
-    tests/engine/test_sweep_programs.py)
+GRAPH_TESTS=(tests/runtime/programs)
 FLA_TEST=tests/models/test_fla.py  # fla's Triton kernels: a pytest of its own, one process (their compile cache)
 FLA_EXAMPLE_TEST=tests/examples/test_fla_lm.py
 on_device() {  # on_device NAME PYTEST-ARGS...: the command line of that pytest run, for bash -c

@@ -2,8 +2,8 @@
 
 A program recorded once replays its operators without its Python: a Python value read at capture stays as captured,
 a host read is refused at capture with the operator and the line named, and an input freed or moved since capture
-is named at the replay. The trainer's tests run every program test replayed as well (``tests/engine``); these test
-the recording itself.
+is named at the replay. The trainer's program tests beside this file run replayed as well; these test the recording
+itself.
 """
 
 import pytest
@@ -14,7 +14,7 @@ from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime import GraphCaptureError, Program
 from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError, ReplayedCapture
 
-from ...engine.test_cuda_graphs import CharModel, batches, loss_fn
+from .test_executor import CharModel, batches, loss_fn
 
 pytestmark = pytest.mark.cpu_only("the recording replays on the device it recorded, checked here on the CPU")
 

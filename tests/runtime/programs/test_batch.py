@@ -16,9 +16,9 @@ from ignite.handlers import LRScheduler
 from ignite_tbptt import GradientClipping, TBPTTEvents, count_targets, create_tbptt_trainer
 from ignite_tbptt.runtime.programs import batch as batch_programs
 
-from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
-from .test_step_programs import fused_adam, fused_sgd, poisoned_at
-from .test_step_programs import train as train_stepping
+from .test_executor import CharModel, assert_same, batches, loss_fn, programs
+from .test_step import fused_adam, fused_sgd, poisoned_at
+from .test_step import train as train_stepping
 
 pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
 
@@ -38,7 +38,7 @@ def counting_windows():
 
 
 def train(cuda_graphs, data, make=fused_sgd, handlers=(), **options):
-    """``test_step_programs.train``, counting the windows batch programs ran and keeping each iteration's output."""
+    """``test_step.train``, counting the windows batch programs ran and keeping each iteration's output."""
     outputs = []
 
     def collect(trainer, model, optimizer):
@@ -261,7 +261,7 @@ def test_a_handler_not_marked_as_reading_only_keeps_the_windows_one_by_one(devic
 def test_a_run_resumed_mid_accumulation_ends_as_the_uninterrupted_one(tmp_path, device, stop_at):
     # 3 windows a step: the checkpoint after 10 or 15 windows holds 1 or 0 windows' gradients, kept in the static
     # buffers by the batch programs and saved from .grad.
-    from ..helpers import assert_resume_is_bit_identical
+    from ...helpers import assert_resume_is_bit_identical
 
     def build():
         torch.manual_seed(0)

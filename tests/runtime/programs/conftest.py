@@ -1,4 +1,4 @@
-"""The engine tests' fixtures: ``program_mode`` runs a program test uncaptured and replayed, ``replayed_mode``
+"""The program tests' fixtures: ``program_mode`` runs a program test uncaptured and replayed, ``replayed_mode``
 replayed (``program_mode.py``); both capture in CUDA graphs under ``--device cuda``."""
 
 import pytest
@@ -24,7 +24,7 @@ def replayed_mode(request, monkeypatch):
 
     For the sweep, step and batch programs' tests: a replayed run runs each program's Python at its warm-up and its
     capture, and an uncaptured one only that Python every window; the window programs' tests
-    (``test_cuda_graphs.py``) and the property test run both.
+    (``test_executor.py``) and the property test run both.
     """
     yield from _in_mode(request.param, monkeypatch)
 

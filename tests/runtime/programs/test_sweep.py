@@ -14,7 +14,7 @@ from torch import nn
 from ignite_tbptt import GradientReach, count_targets, create_tbptt_trainer
 from ignite_tbptt.runtime.programs import sweep as sweep_programs
 
-from .test_cuda_graphs import (
+from .test_executor import (
     CharModel,
     KeepsItsState,
     assert_same_parameters,
@@ -28,7 +28,7 @@ from .test_cuda_graphs import (
     train_with,
     with_window_starts,
 )
-from .test_step_programs import fused_adam
+from .test_step import fused_adam
 
 pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
 
@@ -78,7 +78,7 @@ def test_steps_run_as_step_programs_after_reaching_windows(device):
     # copied before it, as the eager step copies them.
     data = batches()
     options = {"k1": 5, "k2": 10, "make": fused_adam}
-    from .test_step_programs import train as train_stepping
+    from .test_step import train as train_stepping
 
     eager, eager_trainer, none = train_stepping(False, data, **options)
     with counting_programs() as runs:
@@ -329,8 +329,8 @@ def test_resuming_mid_epoch_rebuilds_the_history_sweep_programs_recompute_from(t
     # The history that programs leave (inputs, states, weight versions, no graph) is saved and rebuilt as the eager
     # trainer's; the resumed run's programs reach into it. Batches of 7, 12, 5, 9 and 11 steps: windows split at
     # batch ends run eagerly, and the programs after them recompute their parts.
-    from ..helpers import assert_resume_is_bit_identical, make_batches
-    from ..reference import Net, cross_entropy
+    from ...helpers import assert_resume_is_bit_identical, make_batches
+    from ...reference import Net, cross_entropy
 
     def build():
         torch.manual_seed(0)

@@ -17,7 +17,7 @@ from torch import nn
 from ignite_tbptt import count_targets, create_tbptt_trainer
 from ignite_tbptt.runtime.programs.replayed_capture import ReplayedCapture
 
-from .test_cuda_graphs import CharModel, loss_fn, summed_over_count
+from .test_executor import CharModel, loss_fn, summed_over_count
 
 pytestmark = pytest.mark.cpu_only("the property compares the programs run on the CPU, uncaptured and replayed")
 

@@ -206,7 +206,7 @@ def test_sequence_starts_reset_inside_the_program_and_split_windows_run_as_sweep
     eager, _, _ = train(False, with_starts, carry_hidden=True)
     with counting_programs() as programs_run:
         graphed_model, trainer, runs = train(True, with_starts, carry_hidden=True)
-    # The split windows' two calls are one backward pass in a sweep program: float64 rounding (test_sweep_programs).
+    # The split windows' two calls are one backward pass in a sweep program: float64 rounding (test_sweep.py).
     assert_same_parameters(eager.parameters(), graphed_model.parameters(), torch.device("cuda"))
     calls = [key[4] for key in trainer._process_function.loop.executor.programs]  # each program's calls
     whole = [c[0] for c in calls if len(c) == 1]  # the window programs: one call each

@@ -1,7 +1,7 @@
 """How the program tests run their programs on the CPU: uncaptured, or recorded and replayed under capture's rules.
 
 The tests of ``cuda_graphs`` write ``programs(True)`` where a GPU captures; the ``program_mode`` fixture
-(``tests/engine/conftest.py``) runs each of them twice on the CPU: ``"uncaptured"`` (the programs' Python every
+(``conftest.py`` here) runs each of them twice on the CPU: ``"uncaptured"`` (the programs' Python every
 window) and ``"replayed"`` (recorded once, replayed without their Python:
 ``ignite_tbptt.runtime.programs.replayed_capture``).
 """

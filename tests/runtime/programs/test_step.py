@@ -20,7 +20,7 @@ from ignite_tbptt.runtime.programs import step as step_programs
 from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError
 
 from .program_mode import assert_replayed, mode
-from .test_cuda_graphs import CharModel, assert_same, batches, loss_fn, programs
+from .test_executor import CharModel, assert_same, batches, loss_fn, programs
 
 pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
 
@@ -93,7 +93,7 @@ def test_fused_optimizers_step_inside_the_program(device, make, accumulation):
         == (40 if accumulation == 1 else 14)
     )
     # One step program served the steps of each stream's first windows; batch programs the rest of each batch
-    # (tests/engine/test_batch_programs.py).
+    # (test_batch.py).
     kinds = {type(p).__name__: len({id(q) for q in steps if type(q) is type(p)}) for p in steps}
     assert kinds["StepProgram"] == 1 and kinds["BatchProgram"] >= 1
 
