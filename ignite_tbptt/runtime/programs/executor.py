@@ -359,13 +359,3 @@ class ProgramExecutor(SegmentExecutor):
             if self.graphs is not None and trained:
                 self.graphs.device = trained[0].device
             self._trained_index = [i for i, p in enumerate(params) if p.requires_grad]
-
-    def add_window_gradients(self, window_grads: Sequence[torch.Tensor | None]) -> None:
-        """Add a window's gradients into the parameters' ``.grad`` as autograd's backward would.
-
-        A parameter without a gradient from the window keeps its ``.grad`` (``None`` if it had none, so that the
-        optimizer skips it, as after an eager window); one whose ``.grad`` is ``None`` takes the window's, copied
-        into its static buffer (where a step program reads it; a graph's output is overwritten by the next replay);
-        the others add it, in one kernel.
-        """
-        self.gradients.take(self.trained, window_grads)

@@ -57,6 +57,7 @@ from ..backward_sweep import Recomputation, Segment
 from ..model_call import ModelCall
 from ..weight_versions import ParameterVersions, WeightVersion
 from .capture import GraphCapture, Program, StaticInputs, copied_out
+from .step import StaticGradients
 
 __all__ = [
     "SweepProgram",
@@ -241,6 +242,9 @@ class WindowCalls(Protocol):
     trained: list[torch.Tensor]
     #: What captures the programs after their warm-up (``None``: run every time).
     graphs: GraphCapture | None
+    #: The parameters' static ``.grad`` buffers, into which a window's gradients are added as autograd's backward
+    #: pass would add them (:meth:`~ignite_tbptt.runtime.programs.step.StaticGradients.take`).
+    gradients: StaticGradients
 
     def window_call(
         self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
@@ -249,9 +253,6 @@ class WindowCalls(Protocol):
 
     def state_after(self, state: Any) -> Any:
         """A window's returned state, detached, once its backward pass ran."""
-
-    def add_window_gradients(self, window_grads: Sequence[torch.Tensor | None]) -> None:
-        """Add a window's gradients into the parameters' ``.grad`` as autograd's backward pass would."""
 
 
 class Call(NamedTuple):
@@ -380,7 +381,7 @@ class SweepProgram:
         # Read once the window has run, as the eager segments read theirs.
         counts = self.targets if counts is None else torch.stack(counts).tolist()
         if any(counts):
-            self.executor.add_window_gradients(grads)
+            self.executor.gradients.take(self.executor.trained, grads)
         losses, states = copied_out((losses, states), fresh)
         predictions = copied_out(predictions, fresh) if keep_predictions else [None] * len(predictions)
         return SweepResults(losses, counts, states, predictions)
