@@ -162,7 +162,7 @@ class OptimizerStep:
             completes = accumulated == self.accumulation
             places.append((first, len(divisors) if completes else None))
             if completes:
-                divisors.append(carried if counted else 1 if backward_mean else targets)
+                divisors.append(carried if counted else _divisor(targets, backward_mean))
                 accumulated = targets = carried = 0
         return places, divisors
 
@@ -206,7 +206,7 @@ class OptimizerStep:
                 distributed.all_reduce_gradients(self.parameters())
         if not targets:  # a batch program that took it skipped it on the device
             return 0
-        divisor = 1 if backward_mean else targets
+        divisor = _divisor(targets, backward_mean)
         if taken is not None and handlers is not None:  # a batch program took it already
             self._taken = position, handlers, taken
             return targets
@@ -355,6 +355,11 @@ class OptimizerStep:
             p.grad = None if g is None else g.to(p.device)
         if self.scaler is not None and state["scaler"] is not None:
             self.scaler.load_state_dict(state["scaler"])
+
+
+def _divisor(targets: int, backward_mean: bool) -> int:
+    # What a step's gradients are divided by: its target count, or 1 where its one window backpropagated its mean.
+    return 1 if backward_mean else targets
 
 
 def _torchs_zero_grad(optimizer: Any) -> bool:

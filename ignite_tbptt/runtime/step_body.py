@@ -6,9 +6,8 @@ An optimizer step over accumulated windows runs the same operations whether it r
 inf/NaN into the scaler's record) and the division by the step's target count (:func:`unscale_and_divide`); without,
 the division and the check in one kernel (:func:`~ignite_tbptt.runtime.divide_and_check`); then the optimizer's
 step, handed the decision as ``optimizer.found_inf`` where it skips itself on the device, or the scaler's ``step``
-and ``update`` (:func:`step_optimizer`). Only where the
-values live differs: the eager step's divisor is an int and its decision may be read at once; a program's are
-buffers on the device, read after it runs.
+and ``update`` (:func:`step_optimizer`). Only where the values live differs: the eager step's divisor is an int and
+its decision may be read at once; a program's are buffers on the device, read after it runs.
 
 Sources: ``torch.amp.GradScaler`` (``unscale_``, ``step``, ``update``, and the ``found_inf`` protocol of the fused
 optimizers); torchtune's ``scale_grads`` for the one division by the token count at the step.
