@@ -36,6 +36,7 @@ from ..runtime import (
     StepPrograms,
     divide_and_check,
     gradients_of,
+    parameters_of,
     profiling,
     skips_on_device,
     step_optimizer,
@@ -106,7 +107,7 @@ class OptimizerStep:
 
     def parameters(self) -> list[torch.Tensor]:
         """The parameters the optimizer updates, in its order."""
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return parameters_of(self.optimizer)
 
     @property
     def one_window_per_step(self) -> bool:

@@ -50,7 +50,7 @@ from .programs import (
 from .reset import Resets, check_resettable, default_reset_hidden, reset_to
 from .rng import refuse_own_dropout_state
 from .sharded import is_sharded, reduce_gradients_by_sum
-from .step_body import gradients_of, step_optimizer, unscale_and_divide
+from .step_body import gradients_of, parameters_of, step_optimizer, unscale_and_divide
 from .stream import StreamState
 from .weight_versions import ParameterVersions, WeightVersion
 
@@ -82,6 +82,7 @@ __all__ = [
     "LossSum",
     "divide_and_check",
     "skips_on_device",
+    "parameters_of",
     "gradients_of",
     "unscale_and_divide",
     "step_optimizer",

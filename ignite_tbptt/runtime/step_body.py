@@ -19,12 +19,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["gradients_of", "unscale_and_divide", "step_optimizer"]
+__all__ = ["parameters_of", "gradients_of", "unscale_and_divide", "step_optimizer"]
+
+
+def parameters_of(optimizer: Any) -> list[torch.Tensor]:
+    """The parameters the optimizer updates, in its order (its groups', one after the other)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def gradients_of(optimizer: Any) -> list[torch.Tensor]:
     """The ``.grad`` of the optimizer's parameters that have one, in its order."""
-    return [g for group in optimizer.param_groups for p in group["params"] if (g := p.grad) is not None]
+    return [g for p in parameters_of(optimizer) if (g := p.grad) is not None]
 
 
 def unscale_and_divide(

@@ -51,7 +51,7 @@ import torch
 from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from ..gradients import divide_and_check, skips_on_device
-from ..step_body import gradients_of, step_optimizer, unscale_and_divide
+from ..step_body import gradients_of, parameters_of, step_optimizer, unscale_and_divide
 from .cache import ProgramCache, ProgramCounts
 from .capture import GraphCapture, Program, copied_out
 from .replayed_capture import ReplayedCapture
@@ -164,7 +164,7 @@ class StepPrograms:
 
     def parameters(self) -> list[torch.Tensor]:
         """The optimizer's parameters, in its order."""
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
+        return parameters_of(self.optimizer)
 
     def program(self, divisor: int, handlers: StepHandlers) -> StepProgram | None:
         """The program for this step, its buffers written (target count, learning rates); ``None`` to step eagerly.
