@@ -239,6 +239,21 @@ def test_how_windows_run_is_decided_once():
     assert askers == {"engine/program_runs.py"}, askers
 
 
+def test_one_walk_plans_a_stream_for_the_loop_the_look_aheads_and_walk():
+    # The order of a stream's plans (a window opened, its segments, its close planned and carried out) is written
+    # once, in planning/walk.py's StreamWalk: the stream loop, the program look-aheads and walk() all run it, and
+    # none asks a planner for a plan itself.
+    walked = {"open_window", "segment", "close", "closed"}
+    askers: dict[str, set[str]] = {}
+    for path in MODULES:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if node.func.attr in walked and "planner" in ast.unparse(node.func.value):
+                askers.setdefault(str(path.relative_to(PACKAGE)), set()).add(node.func.attr)
+    assert askers == {"planning/walk.py": walked}, askers
+
+
 def test_the_engine_imports_the_runtime_through_its_public_names():
     for path in (PACKAGE / "engine").glob("*.py"):
         for module, _ in imports(path):

@@ -1,8 +1,9 @@
 """The walk along a stream: each batch's segments, the windows they close and the optimizer steps that follow.
 
-A :class:`StreamLoop` has its :class:`~ignite_tbptt.planning.StreamPlanner` plan every segment and every window's
-close, has the :class:`~ignite_tbptt.runtime.SegmentExecutor` carry out both plans, and takes the optimizer step of
-every accumulation that completes. It fires no event and touches no ``engine.state``: what happens at a window's or
+A :class:`StreamLoop` walks each batch with the :class:`~ignite_tbptt.planning.walk.StreamWalk` that every walk of a
+schedule runs (its :class:`~ignite_tbptt.planning.StreamPlanner` plans every segment and every window's close), has
+the :class:`~ignite_tbptt.runtime.SegmentExecutor` carry out both plans, and takes the optimizer step of every
+accumulation that completes. It fires no event and touches no ``engine.state``: what happens at a window's or
 a step's boundary is reported to a :class:`LoopListener` (the process function's, in
 :mod:`ignite_tbptt.engine.process`), which fires ignite's events and keeps ``engine.state``.
 """
@@ -17,6 +18,7 @@ import torch
 from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
 from ..planning import BatchPlan, ClosePlan, SegmentPlan, StreamPlanner, WindowSource, plan_batch
+from ..planning.walk import StreamWalk
 from ..runtime import (
     Execution,
     LossRule,
@@ -123,6 +125,8 @@ class StreamLoop:
         self.planner = StreamPlanner(source, recompute)
         history = RetainedHistory(model_call, optimizer_step.parameters, None, recompute is not None)
         self.stream = StreamState(history)
+        # Every plan is asked of the walk all walks of a schedule share; closes are planned from the runtime's history.
+        self.walk = StreamWalk(self.planner, optimizer_step.one_window_per_step, history.starts)
         loss = LossRule(loss_fn, model_call, optimizer_step.scaler)
         self.executor = build_executor(
             execution, model_call, loss, self.stream, target_count_fn, optimizer_step.programs
@@ -147,6 +151,7 @@ class StreamLoop:
         if sharded:
             _check_sharded_takes(self.source, self.executor.runs_programs)
         self.sharded = self.executor.backward_without_targets = sharded
+        self.walk.one_window_per_step = self.optimizer_step.one_window_per_step  # a distributed run's is known now
         self.failed = None
         self.optimizer_step.forget_failure()
 
@@ -259,7 +264,7 @@ class StreamLoop:
         out: BatchResult,
     ) -> None:
         stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
-        offset, one_window_per_step = batch.start, self.optimizer_step.one_window_per_step
+        offset = batch.start
         # Where windows may run as programs, planning decides at each window boundary; None where they run eagerly.
         programs = self.executor if isinstance(self.executor, ProgramExecutor) else None
         batch_asked = False  # the rest of the batch as one program: asked once, at the first boundary it may run
@@ -275,10 +280,10 @@ class StreamLoop:
                 self.open_window()
                 if run_window_program(self, programs, batch, x, y, resets, blocked, keep_predictions, out):
                     continue  # it walked the window it ran
-            plan = planner.segment(stream.position, batch, one_window_per_step)
-            start, end = plan.start - offset, plan.end - offset
-            result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
-            self.segment_done(batch, plan, result, out)
+            for plan in self.walk.segments(batch, stream.position):
+                start, end = plan.start - offset, plan.end - offset
+                result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
+                self.segment_done(batch, plan, result, out)
 
     def segment_done(
         self,
@@ -309,7 +314,7 @@ class StreamLoop:
             self.model.train()
         self.optimizer_step.window_started()
         self.stream.open_window()
-        self.planner.open_window(self.stream.position, self.listener.window_started())
+        self.walk.open(self.stream.position, self.listener.window_started())
 
     def close_window(
         self, end: int, stream_continues: bool, swept: bool = False, taken: Any = None, close: ClosePlan | None = None
@@ -322,14 +327,14 @@ class StreamLoop:
         (:func:`~ignite_tbptt.planning.batch_windows`), else planned here.
         """
         stream, executor, listener = self.stream, self.executor, self.listener
-        plan = close if close is not None else self.planner.close(end, stream_continues, stream.history.starts())
+        plan = close if close is not None else self.walk.close(end, stream_continues)
         if swept:
             assert isinstance(executor, ProgramExecutor), "only a program executor sweeps a window at once"
             executor.close_swept(plan)
             reach = None
         else:
             reach = executor.close_window(plan)
-        self.planner.closed(plan)  # after the sweep: a checkpoint taken where it failed keeps the window open
+        self.walk.closed(plan)  # after the sweep: a checkpoint taken where it failed keeps the window open
         if not self.attributes_checked:  # once: a graph the trainer cannot see would otherwise grow unnoticed
             self.attributes_checked = True
             self.executor.check_attributes(self.model)

@@ -95,12 +95,10 @@ def plan_window(
 def _window_segments(
     planner: StreamPlanner, batch: BatchPlan, step: int, one_window_per_step: bool
 ) -> tuple[SegmentPlan, ...] | Eager:
-    # The open window's segments as the walk plans them, up to the one that closes it (before its close, so that
+    # The open window's segments as the walk plans them, up to the one that closes it (its close is not planned:
     # the planner is left as it is), or why it cannot run whole.
     plans: list[SegmentPlan] = []
-    for planned in StreamWalk(planner, one_window_per_step).run(batch, 0, step):
-        plan = planned.plan
-        assert isinstance(plan, SegmentPlan), "the walk stops at the segment that closes the window"
+    for plan in StreamWalk(planner, one_window_per_step).segments(batch, step):
         if plan.own_loss_only:
             return Eager.OWN_LOSS_ONLY
         plans.append(plan)
@@ -134,7 +132,7 @@ def batch_windows(
         >>> [(w.segment.start, w.segment.end, w.close.following.start) for w in windows]
         [(0, 4, 4), (4, 8, 8)]
     """
-    walk = StreamWalk(copy.copy(planner), one_window_per_step, number)
+    walk = StreamWalk(copy.copy(planner), one_window_per_step, windows=number)
     windows: list[PlannedWindow] = []
     segment = None
     for planned in walk.run(batch, 0, position):

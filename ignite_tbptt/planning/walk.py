@@ -3,8 +3,9 @@
 The trainer's loop plans a stream batch by batch: it opens a window where the last one closed, plans each segment
 from the batch (:func:`~ignite_tbptt.planning.plan_batch`, :meth:`StreamPlanner.segment
 <ignite_tbptt.planning.StreamPlanner.segment>`), and where a segment closes its window it plans the close from the
-retained segments (:meth:`StreamPlanner.close <ignite_tbptt.planning.StreamPlanner.close>`). :func:`walk` makes the
-same calls in the same order over batches of a given length, and keeps the retained segments' first steps the way the
+retained segments (:meth:`StreamPlanner.close <ignite_tbptt.planning.StreamPlanner.close>`). :class:`StreamWalk` is
+that order, written once: the stream loop trains on it, and the look-aheads of window and batch programs run it
+ahead. :func:`walk` runs it over batches of a given length, and keeps the retained segments' first steps the way the
 runtime's history keeps them (a segment whose plan joins the history is appended; after a close only those from the
 plan's ``keep_from`` on stay), so that whatever needs to know where windows, segments and cuts fall (the evaluator's
 pieces, the check of Mamba2's schedule, the schedule's picture) asks the trainer's own decisions rather than
@@ -18,7 +19,7 @@ networks", PhD thesis, University of Toronto, section 2.8.6 ("every k1 timesteps
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 from ..checks import positive_int
@@ -106,67 +107,110 @@ def walk(
     if recompute is not None:
         positive_int("recompute", recompute, "steps per rebuilt segment")
     starts = sorted(set(sequence_starts))
-    stream = StreamWalk(StreamPlanner(source, recompute), one_window_per_step)
+    # The retained segments' first steps, kept as the runtime's history keeps them: a segment whose plan joins the
+    # history is appended; a close keeps those from its keep_from on; a stream starts with none.
+    retained: list[int] = []
+    stream = StreamWalk(StreamPlanner(source, recompute), one_window_per_step, retained.copy)
     for index, first in enumerate(range(0, length, size)):
         steps = min(size, length - first)
         if index == 0 or not carry:
-            stream.reset()
+            stream.planner.reset()
+            retained.clear()
         ends_stream = not carry or (end_known and first + steps == length)
         in_batch = starts[bisect_left(starts, first) : bisect_left(starts, first + steps)]
         batch = plan_batch(first if carry else 0, steps, ends_stream, [t - first for t in in_batch])
-        yield from stream.run(batch, index)
+        yield from _kept(stream.run(batch, index), retained)
     if stream.planner.window is not None:  # the stream's end, known only after its last batch, closes the open window
-        yield from stream.close(length, False, index)
+        yield from _kept(stream._planned_close(length, False, index), retained)
+
+
+def _kept(plans: Iterator[Planned], retained: list[int]) -> Iterator[Planned]:
+    for planned in plans:
+        yield planned
+        plan = planned.plan
+        if isinstance(plan, ClosePlan):
+            del retained[: plan.keep_from]
+        elif plan.joins_history:
+            retained.append(plan.start)
 
 
 class StreamWalk:
-    """The planning side of the trainer's loop over one stream, and the retained segments' first steps.
+    """The planning side of the trainer's loop over one stream: windows opened, their segments and their closes.
 
-    What every walk of a schedule runs: :func:`walk`, and the look-aheads that decide how windows run as programs
-    (:func:`~ignite_tbptt.planning.plan_window`, :func:`~ignite_tbptt.planning.batch_windows`, on a copy of the
-    stream's planner). The stream loop makes the same calls in the same order (the walk's tests check it against
-    the trainer's plans).
+    What every walk of a schedule runs: the stream loop as it trains
+    (:class:`~ignite_tbptt.engine.stream_loop.StreamLoop`, which asks for each plan as it goes, runs each segment and
+    each window's backward sweep in between, and numbers windows by the run's events), :func:`walk` (:meth:`run`),
+    and the look-aheads that decide how windows run as programs (:func:`~ignite_tbptt.planning.plan_window`,
+    :func:`~ignite_tbptt.planning.batch_windows`, on the stream's planner or a copy of it).
 
     Args:
         planner: the stream's planner (its open window, if any, where the walk starts).
         one_window_per_step: each optimizer step applies one window of one process (no accumulation).
+        retained: the retained segments' first steps, oldest first, as each plan is made (a close is planned from
+            them): in training, the runtime's history's (:meth:`RetainedHistory.starts
+            <ignite_tbptt.runtime.RetainedHistory.starts>`); by default none.
         windows: the windows opened before the walk, numbered from 1 over the run as the trainer numbers them.
     """
 
-    def __init__(self, planner: StreamPlanner, one_window_per_step: bool, windows: int = 0) -> None:
-        self.planner, self.one_window_per_step = planner, one_window_per_step
-        self.retained: list[int] = []
+    def __init__(
+        self,
+        planner: StreamPlanner,
+        one_window_per_step: bool,
+        retained: Callable[[], list[int]] = list,
+        windows: int = 0,
+    ) -> None:
+        self.planner, self.one_window_per_step, self.retained = planner, one_window_per_step, retained
         self.windows = windows
 
-    def reset(self) -> None:
-        """A stream starts at step 0: no open window, nothing retained (:meth:`StreamLoop.reset_stream`)."""
-        self.planner.reset()
-        self.retained.clear()
-
     def run(self, batch: BatchPlan, index: int, step: int | None = None) -> Iterator[Planned]:
-        """The plans of one batch from ``step`` (its first by default), as :meth:`StreamLoop.run_batch` makes them.
+        """The plans of one batch from ``step`` (its first by default), as the trainer makes them.
 
-        A window's close is carried out (the planner told, the retained starts it drops dropped) as the next plan
-        is asked for: a look-ahead that stops at a segment or a close leaves the planner where that plan was made.
+        A window opens where none is; its segments are planned (:meth:`segments`), and where one closes it, its close
+        (:meth:`close`), which is carried out (the planner told) as the next plan is asked for: a look-ahead that
+        stops at a segment or a close leaves the planner where that plan was made.
         """
         planner, retained = self.planner, self.retained
         step = batch.start if step is None else step
         while step < batch.end:
             if planner.window is None:
-                self.windows += 1
-                planner.open_window(step, self.windows)
-            plan = planner.segment(step, batch, self.one_window_per_step)
-            yield Planned(index, plan, tuple(retained))
-            if plan.joins_history:
-                retained.append(plan.start)
+                self.open(step)
+            for plan in self.segments(batch, step):
+                yield Planned(index, plan, tuple(retained()))
             step = plan.end
             if plan.closes_window:
-                yield from self.close(step, batch.stream_continues(step), index)
+                yield from self._planned_close(step, batch.stream_continues(step), index)
 
-    def close(self, end: int, stream_continues: bool, index: int) -> Iterator[Planned]:
-        """The open window's close at ``end``, as :meth:`StreamLoop.close_window` plans it; then the history kept."""
-        retained = self.retained
-        plan = self.planner.close(end, stream_continues, retained)
-        yield Planned(index, plan, tuple(retained))
+    def open(self, step: int, number: int | None = None) -> None:
+        """Open the window that starts at ``step``: window ``number`` of the run (from 1), by default the next."""
+        self.windows = self.windows + 1 if number is None else number
+        self.planner.open_window(step, self.windows)
+
+    def segments(self, batch: BatchPlan, step: int) -> Iterator[SegmentPlan]:
+        """The open window's segments from ``step`` of ``batch`` on: up to the one that closes it, or the batch's end.
+
+        Each is planned once the one before has run: the trainer runs each as it is given.
+        """
+        planner, one_window_per_step = self.planner, self.one_window_per_step
+        while step < batch.end:
+            plan = planner.segment(step, batch, one_window_per_step)
+            yield plan
+            if plan.closes_window:
+                return
+            step = plan.end
+
+    def close(self, end: int, stream_continues: bool) -> ClosePlan:
+        """The plan that closes the open window at ``end``, from the retained segments as they are now.
+
+        The window stays open until the plan is carried out (:meth:`closed`): a checkpoint taken where its backward
+        sweep failed resumes with it open.
+        """
+        return self.planner.close(end, stream_continues, self.retained())
+
+    def closed(self, plan: ClosePlan) -> None:
+        """The window ``plan`` closes is closed, its backward pass done: the next opens where it ended."""
         self.planner.closed(plan)
-        del retained[: plan.keep_from]
+
+    def _planned_close(self, end: int, stream_continues: bool, index: int) -> Iterator[Planned]:
+        plan = self.close(end, stream_continues)
+        yield Planned(index, plan, tuple(self.retained()))
+        self.closed(plan)
