@@ -23,19 +23,14 @@ The window's segments that a later window reaches join the retained history as w
 state, weight version), not as graphs: a later window reaches them, a program or an eager one (which rebuilds them as
 ``recompute`` does).
 
-A window runs as a sweep program where (the stream loop's :func:`~ignite_tbptt.planning.plan_window`
-and :meth:`ProgramExecutor.run_sweep <ignite_tbptt.runtime.programs.executor.ProgramExecutor.run_sweep>` check it):
-
-- the batch holds all of it, and its gradient reach is not recorded;
-- the retained segments tile the steps from its cut to its start, and the cut has a state: a stream's first windows
-  of k2 > k1, whose cut is its start, run eagerly;
-- its shape is one of the executor's first 8 (with the window programs'): a window's shape is its calls' places and
-  resets, and its reach's lengths and resets, so that sequence starts at varying places in windows soon run eagerly;
-- the model draws no random numbers where forward passes run again (the window reaches back, or ``recompute``;
-  dropout in training mode): they would draw others than they drew the first time. The first run of each such
-  program checks the random generators, and a model that drew is refused;
-- where it reaches back, the parameters the optimizer trains belong to the model, or to ``initial_state`` where it
-  is a module: the weights are swapped in there (others are refused as the trainer is built, naming them).
+Which windows run as sweep programs is planned (:func:`~ignite_tbptt.planning.plan_window`; a window that runs
+eagerly is counted with its :class:`~ignite_tbptt.planning.Eager` reason); here, its reach must be retained whole
+(:func:`reach_of`: the retained segments tile the steps from its cut to its start, and the cut has a state, which a
+stream's first windows of k2 > k1 lack). Refused rather than run: a model that draws random numbers where forward
+passes run again (the window reaches back, or ``recompute``; dropout in training mode), which the first run of each
+such program checks, since they would draw others than the first time; and, where windows reach back, trained
+parameters that are neither the model's nor ``initial_state``'s (a module): the weights are swapped in there
+(:class:`SwappedWeights`, checked as the window source is installed).
 
 With ``target_count_fn``, the calls' counts stay on the device; a call without targets adds no gradient of its own
 loss (its backward pass runs apart from the others', and its gradient is masked), as an eager segment without
