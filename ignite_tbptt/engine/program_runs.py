@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..planning import BatchPlan, Eager, PlannedWindow, batch_windows, plan_window
+from ..planning import BatchPlan, Eager, PlannedWindow, WindowByWindow, batch_windows, plan_window
 from ..runtime import BatchProgram, BatchResults, BatchWindow, ProgramExecutor, Resets
 from .loop_protocols import LoopView
 
@@ -78,27 +78,19 @@ def run_batch_program(
     Returns:
         Whether they ran; where not, nothing changed.
     """
-    step = loop.optimizer_step
+    step, listener = loop.optimizer_step, loop.listener
     programs = step.programs
-    if (
-        keep_predictions
-        or step.scaler is not None  # whether it skipped a step is read after each, to restart an overflowed state
-        or (executor.target_count_fn is not None and not step.stepped)  # a skipped first step leaves no state
-        or programs is None
-        or not programs.supported
-        or step.distributed
-        or not step.clears_directly
-        or loop.history.segments
-    ):
-        return False
-    listener = loop.listener
-    handlers = listener.quiet_step_handlers()
-    if handlers is None:
-        return False
+    blocked = _lacking(loop, executor, keep_predictions)
+    handlers = listener.quiet_step_handlers() if blocked is None else None
+    if blocked is None and handlers is None:
+        blocked = WindowByWindow.HANDLERS
     number = listener.position().window  # the windows so far
-    planned = batch_windows(loop.planner, batch, loop.stream.position, step.one_window_per_step, number)
-    if not planned:
+    position = loop.stream.position
+    planned, reason = batch_windows(loop.planner, batch, position, step.one_window_per_step, number, blocked)
+    if reason is not None:
+        executor.counts.ran_window_by_window(reason)
         return False
+    assert programs is not None and handlers is not None, "a batch program is planned only where the engine allows it"
     windows, divisors = _windows(loop, batch, y, resets, planned, executor.target_count_fn is not None)
     _, settings = programs.fill_buffers()
     trained = [p.grad is not None for p in executor.trained]
@@ -112,6 +104,22 @@ def run_batch_program(
     program, results = executor.run_batch(key, make, settings, x, y, resets, divisors)
     _walk(loop, executor, batch, planned, program, results, out)
     return True
+
+
+def _lacking(loop: LoopView, executor: ProgramExecutor, keep_predictions: bool) -> WindowByWindow | None:
+    # What a batch program needs of the engine, the first it lacks: planning is told it as the reason.
+    step = loop.optimizer_step
+    if keep_predictions:
+        return WindowByWindow.PREDICTIONS
+    if step.scaler is not None:
+        return WindowByWindow.SCALER
+    if executor.target_count_fn is not None and not step.stepped:
+        return WindowByWindow.FIRST_STEP
+    if step.programs is None or not step.programs.supported or not step.clears_directly:
+        return WindowByWindow.STEP
+    if step.distributed:
+        return WindowByWindow.DISTRIBUTED
+    return WindowByWindow.RETAINED if loop.history.segments else None
 
 
 def _walk(

@@ -17,7 +17,15 @@ is tested without a tensor. A new window source goes here, as a subclass of :cla
 from .artbp import ARTBP
 from .batch_plan import BatchPlan, plan_batch
 from .close_plan import ClosePlan, SweepStep, plan_close
-from .execution import Eager, PlannedWindow, WindowExecution, batch_windows, plan_window
+from .execution import (
+    BatchExecution,
+    Eager,
+    PlannedWindow,
+    WindowByWindow,
+    WindowExecution,
+    batch_windows,
+    plan_window,
+)
 from .random_windows import RandomWindows
 from .reach import ReachRequests
 from .schedule import Schedule, k2_cut
@@ -46,6 +54,8 @@ __all__ = [
     "walk",
     "Eager",
     "WindowExecution",
+    "WindowByWindow",
+    "BatchExecution",
     "PlannedWindow",
     "plan_window",
     "batch_windows",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ...planning import Eager
+from ...planning import Eager, WindowByWindow
 
 __all__ = ["ProgramCounts", "ProgramCache"]
 
@@ -35,16 +35,25 @@ class ProgramCounts:
     evictions: int = 0
     #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.Eager`'s values), those with any.
     eager: dict[str, int] = field(default_factory=dict)
+    #: The batches whose windows ran one by one, not as one batch program, by reason
+    #: (:class:`~ignite_tbptt.planning.WindowByWindow`'s values), those with any.
+    window_by_window: dict[str, int] = field(default_factory=dict)
 
     def ran_eagerly(self, reason: Eager) -> None:
         """A window runs segment by segment, for ``reason``."""
         self.eager_windows += 1
         self.eager[reason.value] = self.eager.get(reason.value, 0) + 1
 
+    def ran_window_by_window(self, reason: WindowByWindow) -> None:
+        """The rest of a batch runs window by window, for ``reason``."""
+        self.window_by_window[reason.value] = self.window_by_window.get(reason.value, 0) + 1
+
     def as_dict(self) -> dict[str, int]:
-        """The counts by name, the eager windows' reasons as ``eager/<reason>``."""
-        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "eager"}
-        return {**counts, **{f"eager/{reason}": n for reason, n in self.eager.items()}}
+        """The counts by name; the reasons as ``eager/<reason>`` and ``window_by_window/<reason>``."""
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("eager", "window_by_window")}
+        by_reason = {f"eager/{reason}": n for reason, n in self.eager.items()}
+        by_reason.update({f"window_by_window/{reason}": n for reason, n in self.window_by_window.items()})
+        return {**counts, **by_reason}
 
 
 class ProgramCache:

@@ -566,6 +566,39 @@ def test_each_window_run_eagerly_is_counted_with_its_reason(device):
     assert counts.as_dict()["eager/batch_ends_inside"] == 6
 
 
+def _listening(trainer):
+    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda engine: None)
+
+
+def _fused(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True)
+
+
+WINDOW_BY_WINDOW = {
+    "one batch program a batch": ({"optimizer": _fused}, {}),
+    "an unfused optimizer": ({}, {"step": 8}),
+    "a handler on a window's event": ({"optimizer": _fused, "handlers": [_listening]}, {"handlers": 8}),
+    "k2 > k1": ({"optimizer": _fused, "k2": 10}, {"retained": 8}),
+    "predictions kept": (
+        {"optimizer": _fused, "output_transform": lambda x, y, y_pred, loss: y_pred},
+        {"predictions": 8},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", WINDOW_BY_WINDOW)
+def test_each_batch_run_window_by_window_is_counted_with_its_reason(case):
+    # 8 batches of 25 steps at k1 = 5, each a stream of its own: its first window runs eagerly (no state yet; the
+    # run's second too, which checks the returned state's cut), and at the next boundary the rest of the batch runs as
+    # one batch program where the engine allows it (3 windows, then 4 a batch), or window by window, counted once a
+    # batch with the first thing the engine lacks.
+    options, expected = WINDOW_BY_WINDOW[case]
+    with counting_programs() as runs:
+        _, trainer, _ = train(True, batches(), **options)
+    assert trainer.state.programs.window_by_window == expected
+    assert sum(isinstance(run, batch_programs.BatchProgram) for run in runs) == (0 if expected else 3 + 7 * 4)
+
+
 @pytest.mark.parametrize("k2", [5, 10], ids=["window programs", "sweep programs"])
 def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k2):
     # A graph's outputs are overwritten by its next replay, so what the host keeps is copied out; the predictions (a
