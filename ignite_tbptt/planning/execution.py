@@ -27,11 +27,11 @@ from .walk import StreamWalk
 
 __all__ = [
     "Eager",
-    "WindowExecution",
     "WindowByWindow",
-    "BatchExecution",
-    "PlannedWindow",
+    "WindowExecution",
     "plan_window",
+    "PlannedWindow",
+    "BatchExecution",
     "batch_windows",
 ]
 
