@@ -76,7 +76,8 @@ def run_batch_program(
     :class:`~ignite_tbptt.engine.stream_loop.BatchResult`).
 
     Returns:
-        Whether they ran; where not, nothing changed.
+        Whether they ran; where not, nothing changed but the count of why (``engine.state.programs.window_by_window``,
+        :class:`~ignite_tbptt.planning.WindowByWindow`).
     """
     step, listener = loop.optimizer_step, loop.listener
     programs = step.programs
