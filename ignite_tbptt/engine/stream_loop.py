@@ -151,7 +151,6 @@ class StreamLoop:
         if sharded:
             _check_sharded_takes(self.source, self.executor.runs_programs)
         self.sharded = self.executor.backward_without_targets = sharded
-        self.walk.one_window_per_step = self.optimizer_step.one_window_per_step  # a distributed run's is known now
         self.failed = None
         self.optimizer_step.forget_failure()
 
@@ -265,6 +264,8 @@ class StreamLoop:
     ) -> None:
         stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
         offset = batch.start
+        # Read where it is used, as the optimizer step has it now (a distributed run's is known once the run starts).
+        self.walk.one_window_per_step = self.optimizer_step.one_window_per_step
         # Where windows may run as programs, planning decides at each window boundary; None where they run eagerly.
         programs = self.executor if isinstance(self.executor, ProgramExecutor) else None
         batch_asked = False  # the rest of the batch as one program: asked once, at the first boundary it may run
