@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
-__all__ = ["positive_int", "callable_or_none"]
+__all__ = ["positive_int", "callable_or_none", "called_as"]
 
 
 def positive_int(name: str, value: Any, unit: str = "") -> int:
@@ -36,3 +37,33 @@ def callable_or_none(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise TypeError(f"{name} must be callable, got {type(value).__name__}.")
     return value
+
+
+def called_as(name: str, value: Any, *parameters: str, example: str) -> None:
+    """Refuse a callable ``value`` that cannot take ``parameters`` positionally, as the trainer will call it.
+
+    A callable whose signature Python cannot read (a builtin, say) passes.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the callable passed, or ``None``.
+        *parameters: the names of what it will be given, in order.
+        example: a working value, for the message.
+
+    Raises:
+        TypeError: if ``value`` cannot be called with that many positional arguments.
+    """
+    if value is None:
+        return
+    try:
+        signature = inspect.signature(value)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*parameters)
+    except TypeError as error:
+        form = f"{name}({', '.join(parameters)})"
+        raise TypeError(
+            f"{name} is called as {form}, but {getattr(value, '__name__', type(value).__name__)}{signature} "
+            f"cannot take that ({error}); pass, e.g., {name}={example}."
+        ) from None

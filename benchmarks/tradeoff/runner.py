@@ -98,7 +98,7 @@ def train_run(task: str, truncation: str, lr: float, seed: int, budget: float, q
         source,
         k2,
         carry_hidden=True,
-        target_count_fn=lambda y_pred, y: count_targets(y),
+        target_count_fn=count_targets,
     )
     GradientClipping(model, max_norm=1.0).attach(trainer)  # as the main job
     if handler is not None:

@@ -8,6 +8,7 @@ frames). These helpers read the same marks, so that padded batches need no mask 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -34,13 +35,49 @@ def is_target(y: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor
     return y != ignore_index
 
 
-def count_targets(y: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
-    """The number of real targets in ``y`` (:func:`is_target`), a 0-dim int64 tensor on ``y``'s device.
+def count_targets(*tensors: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
+    """The number of real targets (:func:`is_target`), a 0-dim int64 tensor on the targets' device.
 
-    For the trainer, ``target_count_fn=lambda y_pred, y: count_targets(y)`` (it reads the count back from the
-    device once per model call); the per-target metrics count so by default.
+    Called as ``count_targets(y)`` (ignite's ``batch_size(y)``, the per-target metrics' default) or as
+    ``count_targets(y_pred, y)``, the trainer's ``target_count_fn(y_pred, y)``: the targets are the last tensor, so
+    ``create_tbptt_trainer(..., target_count_fn=count_targets)`` counts ``y``, not the predictions. The trainer
+    reads the count back from the device once per model call.
+
+    Args:
+        *tensors: ``y``, or ``y_pred, y``; ``y`` of any shape, e.g. ``(T, B)`` class indices or ``(T, B, G)`` real
+            values.
+        ignore_index: the padding of integer targets (keyword only).
+
+    Returns:
+        The count, 0-dim, int64.
+
+    Raises:
+        TypeError: if no tensor or more than two are given, or the last is not a tensor.
+
+    Warns:
+        DeprecationWarning: ``count_targets(y, ignore_index)``, the index by position, as before 0.5: it is counted
+            so until 0.6; pass ``ignore_index=`` by keyword.
+
+    Examples:
+        >>> y = torch.tensor([[3, -100], [1, 2]])  # (T, B): one padded step
+        >>> count_targets(y).item(), count_targets(torch.zeros(2, 2, 5), y).item()
+        (3, 3)
     """
-    return is_target(y, ignore_index).sum()
+    if len(tensors) == 2 and isinstance(tensors[0], torch.Tensor) and isinstance(tensors[1], int):
+        warnings.warn(
+            "count_targets(y, ignore_index) is deprecated and will count (y_pred, y) only from 0.6: pass "
+            f"count_targets(y, ignore_index={tensors[1]}).",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        tensors, ignore_index = tensors[:1], tensors[1]
+    if not 1 <= len(tensors) <= 2 or not isinstance(tensors[-1], torch.Tensor):
+        got = ", ".join(type(t).__name__ for t in tensors) or "nothing"
+        raise TypeError(
+            f"count_targets takes (y) or (y_pred, y), y a tensor, and ignore_index by keyword; got ({got}). "
+            "E.g. count_targets(y, ignore_index=0), or target_count_fn=count_targets."
+        )
+    return is_target(tensors[-1], ignore_index).sum()
 
 
 def masked_loss(loss_fn: Callable[..., torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -56,7 +93,7 @@ def masked_loss(loss_fn: Callable[..., torch.Tensor]) -> Callable[[torch.Tensor,
 
     Returns:
         ``fn(y_pred, y)``: the mean of ``loss_fn`` over the real elements of ``y``, a 0-dim tensor (0.0, with a
-        graph, where there are none). Use it with ``target_count_fn=lambda y_pred, y: count_targets(y)``.
+        graph, where there are none). Use it with ``target_count_fn=count_targets``.
 
     Examples:
         >>> import torch.nn.functional as F

@@ -30,8 +30,9 @@ def stream_batches(
         world_size: the number of processes.
 
     Returns:
-        A list of ``(x, y)`` with ``x`` and ``y`` of shape ``(T, B)`` (views of one tensor; ``B`` this process's
-        columns), where ``y`` is ``x`` shifted one step ahead: the next token to predict.
+        A list of ``(x, y)`` with ``x`` and ``y`` of shape ``(T, B)``, time first as the trainer's default
+        ``time_dim=0`` reads them (views of one tensor; ``B`` this process's columns), where ``y`` is ``x`` shifted
+        one step ahead: the next token to predict.
 
     Raises:
         ValueError: if ``tokens`` is not 1-D, ``batch_size`` or ``length`` is not positive, ``tokens`` is

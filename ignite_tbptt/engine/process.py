@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -14,6 +15,7 @@ from ignite.engine import Engine, Events
 from ignite.handlers.base_logger import BaseOptimizerParamsHandler, BaseOutputHandler
 
 from ..data.batch import split_batch
+from ..data.masks import count_targets
 from ..layout import Layout
 from ..planning import WindowSource
 from ..runtime import (
@@ -62,7 +64,8 @@ class TBPTTStep:
     that skips on the device (fused ``SGD``, ``Adam``, ``AdamW``), whose decisions are read once at the iteration's
     end, and one value per step with any other; on the CPU, where a read waits for nothing, one value per step.
     With a ``GradScaler``, whether it skipped a step is one read per step (besides what ``GradScaler.step`` reads
-    with an unfused optimizer). A batch with ``starts`` costs one read to find them.
+    with an unfused optimizer). A batch with ``starts`` costs one read to find them. Without ``target_count_fn``, the
+    first batch the trainer runs costs one read to look for padding in its targets (a warning if there is some).
     """
 
     def __init__(
@@ -99,6 +102,10 @@ class TBPTTStep:
         self.layout, self.carry_hidden, self.recompute = layout, carry_hidden, recompute
         self.device, self.non_blocking, self.prepare_batch = device, non_blocking, prepare_batch
         self.output_transform = output_transform
+        # Targets with padding but no count of them: looked for in the first batch the trainer runs, and in a batch
+        # whose loss is NaN, until found.
+        self._padding_unchecked = target_count_fn is None
+        self._first_batch = True
         self._engine: Engine | None = None
         self._listener: _EngineListener | None = None  # the loop's listener, once attached to an engine
         self._loaded: dict | None = None
@@ -310,6 +317,10 @@ class TBPTTStep:
         loop = self.loop
         x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
         length, resets = loop.check_batch(x, y, starts)
+        if self._first_batch:
+            self._first_batch = False
+            if self._padding_unchecked:
+                self._check_padding(y)
         epoch_length = engine.state.epoch_length
         epoch_ends = epoch_length is not None and engine.state.iteration % epoch_length == 0
         ends_stream = epoch_ends or not loop.carry_hidden  # without carry_hidden, every batch is a stream
@@ -321,8 +332,26 @@ class TBPTTStep:
             return float("nan")
         loss = result.loss.mean()
         if self.output_transform is None:
-            return loss.item()
+            value = loss.item()
+            if self._padding_unchecked and value != value:  # NaN: read anyway, so the check costs nothing here
+                self._check_padding(y)
+            return value
         return self.output_transform(x, y, join_along(result.predictions, self.layout.time_dim), loss)
+
+    def _check_padding(self, y: Any) -> None:
+        if not isinstance(y, torch.Tensor):
+            return
+        padding = int(y.numel() - count_targets(y))  # one read
+        if padding:
+            self._padding_unchecked = False
+            warnings.warn(
+                f"the targets hold padding ({padding} of {y.numel()} elements of a batch are -100 or NaN), but "
+                "target_count_fn is None: every element counts as a target, in each window's mean loss and in the "
+                "division of the gradients, and a segment of padding only makes loss_fn's mean NaN (window_loss = "
+                "nan in engine.state and the logs; its gradient adds nothing). Pass target_count_fn=count_targets: a "
+                "window without targets then contributes nothing and reports a loss of 0 for 0 targets.",
+                stacklevel=2,
+            )
 
 
 # The events a window fires, in the order of their indices in _EngineListener's EventFiring.

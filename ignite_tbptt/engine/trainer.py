@@ -10,7 +10,7 @@ from typing import Any, Literal, TypedDict
 import torch
 from ignite.engine import Engine
 
-from ..checks import callable_or_none, positive_int
+from ..checks import callable_or_none, called_as, positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
 from ..layout import Layout
 from ..planning import Schedule, WindowSource
@@ -227,6 +227,16 @@ def _source(k1: int | WindowSource, k2: int | None) -> WindowSource:
 def _check_options(options: TrainingOptions) -> None:
     for name in ("prepare_batch", "model_fn", "output_transform", "target_count_fn", "reset_hidden"):
         callable_or_none(name, options.get(name))
+    # Each as the trainer calls it: a function of y alone, as a metric's batch_size, would be given y_pred as y.
+    called_as("target_count_fn", options.get("target_count_fn"), "y_pred", "y", example="count_targets")
+    called_as("model_fn", options.get("model_fn"), "model", "x", "hidden", example="lambda model, x, hidden: ...")
+    called_as("reset_hidden", options.get("reset_hidden"), "hidden", "starts", example="default_reset_hidden")
+    called_as(
+        "output_transform",
+        options.get("output_transform"),
+        *("x", "y", "y_pred", "loss"),
+        example="lambda x, y, y_pred, loss: loss.item()",
+    )
     autocast_dtype = options.get("autocast_dtype")
     if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
         raise TypeError(f"autocast_dtype must be a torch.dtype such as torch.bfloat16, got {autocast_dtype!r}.")
@@ -313,7 +323,8 @@ def create_tbptt_trainer(
         output_transform (Callable, optional): ``output_transform(x, y, y_pred, loss)``, ``y_pred`` the batch's
             detached predictions, ``loss`` its mean per-target loss (0-dim tensor). Default: None, ``loss.item()``.
         target_count_fn (Callable, optional): ``target_count_fn(y_pred, y) -> int`` (or a 0-dim tensor), the
-            targets in a segment, for padding (:func:`~ignite_tbptt.count_targets`). Default: None, ``y.numel()``.
+            targets in a segment, for padding: :func:`~ignite_tbptt.count_targets` as it is, which counts ``y``'s
+            elements that are not ``-100`` or NaN. Default: None, ``y.numel()``, padding included.
         recompute (int, optional): segments of at most this many steps are recomputed in the backward pass
             instead of keeping their activations; same gradients (docs/howto/recompute.md). Default: None, off.
         reset_hidden (Callable): ``reset_hidden(hidden, starts) -> hidden``, ``starts`` ``(B,)`` bool, the starting
@@ -333,7 +344,9 @@ def create_tbptt_trainer(
         ``torch.compile`` and ``ignite.distributed``: docs/howto/recompute.md, docs/howto/distributed.md.
 
     Raises:
-        TypeError: an argument of the wrong type or name, named; during a run, a batch, ``model_fn``'s or
+        TypeError: an argument of the wrong type or name, named, or a function that cannot take what it is
+            given (``target_count_fn(y_pred, y)``, ...); a ``model`` whose ``forward`` needs the state at a stream's
+            start, without ``initial_state`` or ``model_fn``; during a run, a batch, ``model_fn``'s or
             ``loss_fn``'s result, or a hidden state the trainer cannot read, named by its path.
         ValueError: ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` not positive; ``optimizer``
             without ``model``'s parameters; ``cuda_graphs`` unknown or what it needs missing
@@ -345,7 +358,10 @@ def create_tbptt_trainer(
             is not taken and the output is NaN, for ignite's ``TerminateOnNan`` (docs/howto/amp.md).
 
     Warns:
-        UserWarning: a scaler with an ``autocast_dtype`` other than float16.
+        UserWarning: a scaler with an ``autocast_dtype`` other than float16; a recurrent layer of ``model`` with
+            ``batch_first=True`` while ``time_dim=0``; during a run, a first state none of whose leaves has the
+            batch's number of columns (batch-first data read with ``time_dim=0``, most likely); targets with
+            padding (-100, NaN) and no ``target_count_fn``, in the first batch or a batch whose loss is NaN.
 
     Examples:
         >>> import torch

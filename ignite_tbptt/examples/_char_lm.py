@@ -319,7 +319,7 @@ def build(args: argparse.Namespace, vocab_size: int, device: torch.device) -> tu
         scaler=args.amp == "fp16",
         device=device,
         # Padding does not count in the mean (captured windows count on the device and read the count after).
-        target_count_fn=lambda y_pred, y: count_targets(y),
+        target_count_fn=count_targets,
         cuda_graphs=args.cuda_graphs,
         deterministic=True,  # resumable mid-epoch: ignite's DeterministicEngine skips the batches already seen
     )

@@ -151,7 +151,7 @@ def train(contender: Contender, args: argparse.Namespace, vocab_size: int, batch
         args.k2,
         carry_hidden=True,
         device=args.device,
-        target_count_fn=lambda y_pred, y: count_targets(y),
+        target_count_fn=count_targets,
         cuda_graphs=args.cuda_graphs,
         **contender.call_options(args.k1 if contender.chunks else None),
     )

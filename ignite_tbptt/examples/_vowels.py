@@ -122,7 +122,7 @@ def train_on(model: nn.Module, args: argparse.Namespace, utterances: list, memor
         args.k1,
         args.k2,
         carry_hidden=True,
-        target_count_fn=lambda y_pred, y: count_targets(y),  # padding frames do not count in the mean
+        target_count_fn=count_targets,  # padding frames do not count in the mean
         prepare_batch=default_prepare_batch if memory else without_memory,
         device=device,
         **options,

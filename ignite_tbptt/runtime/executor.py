@@ -93,7 +93,8 @@ class SegmentExecutor:
 
         Raises:
             TypeError: if ``loss_fn`` returns something other than a tensor.
-            ValueError: if it returns a tensor of more than 0 dimensions, or one without a graph.
+            ValueError: if it returns a tensor of more than 0 dimensions, or one without a graph; if
+                ``target_count_fn`` counts more targets than ``y`` has elements, or fewer than none.
             StateWrittenInPlace: if the model wrote into the hidden state it was given, naming the leaf, the segment
                 and its window.
             RuntimeError: at the stream's second call, if the returned state's graph reaches the state the first
@@ -115,7 +116,7 @@ class SegmentExecutor:
         if self._columns_to_check is not None:  # before the first reset uses it, and before any backward
             check_resettable(hidden_out, self._columns_to_check)
             self._columns_to_check = None
-        n = y.numel() if self.target_count_fn is None else int(self.target_count_fn(y_pred, y))
+        n = y.numel() if self.target_count_fn is None else self._count(y_pred, y)
         y_owed = None
         if plan.detaches_predictions:
             y_owed = [t.detach().requires_grad_(t.requires_grad or plan.rebuilt) for t in hs.flatten(y_pred)]
@@ -124,7 +125,7 @@ class SegmentExecutor:
         backward = n or self.backward_without_targets and any(t.requires_grad for t in hs.flatten(y_owed or y_pred))
         if backward:
             rule = self.loss
-            mean = rule.mean(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y, n)
+            mean = rule.mean(y_pred if y_owed is None else hs.unflatten(y_pred, y_owed), y, n, hidden_out)
             loss = rule.backpropagated(mean, n, plan.backward_mean)
             root = rule.root(loss)
             if not plan.loss_in_sweep:
@@ -152,6 +153,16 @@ class SegmentExecutor:
         stream.hidden, stream.position = hidden_out, plan.end
         stream.window_loss.add(loss, n, plan.whole_window)
         return SegmentResult(loss, n, hs.detached(y_pred) if keep_predictions else None)
+
+    def _count(self, y_pred: Any, y: Any) -> int:
+        assert self.target_count_fn is not None, "called only with one"
+        n = int(self.target_count_fn(y_pred, y))
+        if isinstance(y, torch.Tensor) and not 0 <= n <= y.numel():
+            raise ValueError(
+                f"target_count_fn counted {n} targets in a segment whose y has {y.numel()} elements: it is called as "
+                "target_count_fn(y_pred, y) and must count y's targets; count_targets as it is does."
+            )
+        return n
 
     def _forward(self, plan: SegmentPlan, x: Any, hidden_in: Any, resets: torch.Tensor | None) -> tuple[Any, Any]:
         versions = self.stream.history.versions

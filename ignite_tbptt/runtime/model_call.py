@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from operator import attrgetter
@@ -93,6 +95,7 @@ class ModelCall:
         self.autocasts = autocast() is not _NO_CONTEXT
         # The call is the model's own, ``model(x, hidden)``: called directly, one Python frame instead of three.
         self._direct = model_fn is default_model_fn and initial_state is None
+        self._check_columns = True  # the first state returned, against the batch's columns
 
     def __call__(
         self,
@@ -149,6 +152,9 @@ class ModelCall:
         y_pred, hidden_out = output
         if hidden is None:  # once per stream: the state's structure is fixed from here on
             hs.check_visible(hidden_out)
+            if self._check_columns and isinstance(x, torch.Tensor) and x.dim() >= 2:
+                self._check_columns = False
+                _check_columns(hidden_out, x, self.layout)
         elif not hs.interchangeable(hidden_out, hidden):
             raise ValueError(
                 "the model returned its hidden state in another structure or shape than it was given: "
@@ -200,7 +206,9 @@ def build_model_call(
     ``cache_casts=False`` turns autocast's cache of cast weights off, for calls captured in CUDA graphs.
 
     Raises:
-        TypeError: if ``module_state`` is not a list of paths or ``initial_state`` is not callable.
+        TypeError: if ``module_state`` is not a list of paths or ``initial_state`` is not callable; if the model is
+            called as ``model(x)`` at a stream's start (the default ``model_fn``, no ``initial_state``) and its
+            ``forward`` needs more (PyTorch's word-language-model example: ``forward(input, hidden)``).
         ValueError: if a path of ``module_state`` names no attribute, or both ``initial_state`` and a
             ``reset_hidden`` of one's own are given (the initial state is what a reset restores).
     """
@@ -215,7 +223,63 @@ def build_model_call(
                 "pass initial_state or reset_hidden, not both: with initial_state, a column starting a sequence is "
                 "reset to its columns of initial_state(batch_size)."
             )
+    if model_fn is default_model_fn and initial_state is None:
+        _check_first_call(model)
+    _check_declared_layout(model, layout)
     if module_state is not None:
         model_fn = ModuleState(model, module_state).wrap(None if model_fn is default_model_fn else model_fn)
     autocast = autocast_for(device_type_of(model, device), autocast_dtype, cache_casts)
     return ModelCall(model, model_fn, autocast, reset_hidden, initial_state, layout)
+
+
+def _check_first_call(model: torch.nn.Module) -> None:
+    # Before anything runs: otherwise the first batch fails inside the model with Python's "missing 1 required
+    # positional argument", which does not say that the trainer gives no state at a stream's start.
+    try:
+        signature = inspect.signature(model.forward)
+    except (TypeError, ValueError):  # a signature Python cannot read: the call itself will tell
+        return
+    try:
+        signature.bind(None)
+    except TypeError:
+        fix = "model.init_hidden(batch_size)" if callable(getattr(model, "init_hidden", None)) else "..."
+        raise TypeError(
+            f"{type(model).__name__}.forward{signature} needs more than the input at a stream's start, where the "
+            f"trainer calls model(x) (and model(x, hidden) after): pass initial_state=lambda batch_size: {fix}, "
+            "the state to start every stream from, or a model_fn that builds it (docs/howto/migrating.md)."
+        ) from None
+
+
+_TIME_DIM_FIX = (
+    "Batches of shape (B, T, *), batch first, need time_dim=1 (and time_dim=0 is (T, B, *)): docs/howto/sequences.md."
+)
+
+
+def _check_declared_layout(model: torch.nn.Module, layout: Layout) -> None:
+    # A recurrent layer that declares batch-first input, given batches the trainer cuts along their first axis:
+    # the windows run across the batch instead of along time, and nothing fails.
+    if layout.time_dim != 0:
+        return
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.RNNBase) and module.batch_first:
+            warnings.warn(
+                f"model.{name or 'self'} is a {type(module).__name__} with batch_first=True, but time_dim=0: the "
+                f"trainer cuts windows along the batches' first axis. {_TIME_DIM_FIX}",
+                stacklevel=5,
+            )
+            return
+
+
+def _check_columns(hidden: Any, x: torch.Tensor, layout: Layout) -> None:
+    # The state holds one row per column: where no floating-point leaf has the batch's number of columns along any
+    # axis, the batch's axes are most likely read the wrong way round (batch-first data with time_dim=0).
+    leaves = [t for t in hs.flatten(hidden) if t.is_floating_point() and t.dim() > 0]
+    columns = layout.columns(x)
+    if leaves and not any(columns in t.shape for t in leaves):
+        shapes = ", ".join(str(tuple(t.shape)) for t in leaves[:4])
+        warnings.warn(
+            f"with time_dim={layout.time_dim}, the input of shape {tuple(x.shape)} has {columns} columns and "
+            f"{layout.length(x)} steps, but no leaf of the state the model returned has {columns} rows ({shapes}). "
+            f"{_TIME_DIM_FIX}",
+            stacklevel=2,
+        )

@@ -255,7 +255,7 @@ class ProgramExecutor(SegmentExecutor):
         count = None
         if self.target_count_fn is not None:
             count = torch.as_tensor(self.target_count_fn(y_pred, y)).reshape(()).long()
-        mean = rule.mean(y_pred, y, targets)
+        mean = rule.mean(y_pred, y, targets, hidden_out)
         n = targets if count is None else count
         # LossRule.backpropagated's count is annotated as an int; it multiplies by a 0-dim tensor count alike.
         root = rule.root(rule.backpropagated(mean, n, backward_mean))
