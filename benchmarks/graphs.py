@@ -10,10 +10,8 @@ microseconds per window (the fastest of ``--repeats`` interleaved runs):
   graph gives, with nothing checked and no events (CUDA only);
 - ``ignite``: ignite's ``create_supervised_tbptt_trainer``;
 - ``ours``: ``create_tbptt_trainer``;
-- ``ours, cuda_graphs``: ``create_tbptt_trainer(..., cuda_graphs=True)``: with no handler on the windows' events,
-  each batch's windows after its first, and their optimizer steps, run as one program (several windows per replay);
-- ``ours, cuda_graphs, a window per replay``: the same with a handler on ``TBPTTEvents.WINDOW_COMPLETED`` (which
-  does nothing), so that each window is a window program and each step a step program, with the host between them.
+- ``ours, cuda_graphs``: ``create_tbptt_trainer(..., cuda_graphs=True)``: each window a window program and each
+  step a step program, with the host between them (one window per replay).
 
 A second table times windows that reach back, TBPTT(5, 10) and per-token TBPTT(1, 8), in microseconds per window:
 
@@ -24,7 +22,7 @@ A second table times windows that reach back, TBPTT(5, 10) and per-token TBPTT(1
   the floor for k2 > k1, nothing checked (CUDA only);
 - ``ours`` and ``ours, cuda_graphs`` (sweep programs, :mod:`ignite_tbptt.runtime.programs.sweep`).
 
-A third table gives the programs each ``cuda_graphs`` row kept (window, batch and step programs: one graph each
+A third table gives the programs each ``cuda_graphs`` row kept (window and step programs: one graph each
 when captured) and, on CUDA, the memory they hold while the trainer lives (their graphs' pool, static buffers and
 gradients). On the CPU (``--device cpu``, the dry run) the programs run uncaptured, which only shows that they run.
 """
@@ -43,7 +41,7 @@ from torch.func import functional_call
 from benchmarks import methods
 from benchmarks.overhead import make_batches
 from benchmarks.report import markdown_table, rotated, write_page
-from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
+from ignite_tbptt import create_tbptt_trainer
 from ignite_tbptt.runtime.programs.sweep import rnn_weights_kept
 
 K = 5
@@ -168,29 +166,20 @@ def hand_captured_reaching(model, optimizer, batches, k1, k2, device):
 PROGRAMS: dict[str, dict] = {}
 
 
-def graphed(model, optimizer, batches, k1, k2, device, window_by_window=False):
+def graphed(model, optimizer, batches, k1, k2, device):
     """``create_tbptt_trainer(..., cuda_graphs=True)``; uncaptured programs where the device has no graphs."""
     programs = True if device.type == "cuda" else "uncaptured"
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     trainer = create_tbptt_trainer(model, optimizer, methods.loss_fn, k1, k2, cuda_graphs=programs)
-    if window_by_window:  # a handler on a window's event needs the host after each window
-        trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda engine: None)
     trainer.run(batches)
     methods._sync(device)
     loop = trainer.tbptt.loop
-    key = "window_by_window" if window_by_window else "batches" if k1 == k2 else f"({k1}, {k2})"
-    PROGRAMS[key] = {
+    PROGRAMS[f"({k1}, {k2})"] = {
         "window": len(loop.executor.programs),
-        "batch": len(loop.executor.batch_programs),
         "step": len(loop.optimizer_step.programs.programs),
         # Held while the trainer lives: the graphs' pools, the static buffers and gradients (fused SGD keeps no state).
         "mib": (torch.cuda.memory_allocated(device) - before) / 2**20 if device.type == "cuda" else None,
     }
-
-
-def graphed_window_by_window(model, optimizer, batches, k1, k2, device):
-    """``graphed`` with a window program and a step program per window."""
-    graphed(model, optimizer, batches, k1, k2, device, window_by_window=True)
 
 
 def contenders(device: torch.device) -> dict:
@@ -202,7 +191,6 @@ def contenders(device: torch.device) -> dict:
         "ignite": methods.ignite,
         "ours": methods.ours,
         "ours, cuda_graphs": graphed,
-        "ours, cuda_graphs, a window per replay": graphed_window_by_window,
     }
 
 
@@ -262,14 +250,12 @@ def reaching_table(rows: list[dict]) -> str:
 
 def programs_table() -> str:
     """The programs each cuda_graphs row kept, and the memory they hold on CUDA."""
-    names = {"batches": "ours, cuda_graphs", "window_by_window": "ours, cuda_graphs, a window per replay"}
     return markdown_table(
-        ["row", "window programs", "batch programs", "step programs", "memory held (MiB)"],
+        ["row", "window programs", "step programs", "memory held (MiB)"],
         [
             [
-                names.get(key, f"ours, cuda_graphs, TBPTT{key}"),
+                f"ours, cuda_graphs, TBPTT{key}",
                 str(p["window"]),
-                str(p["batch"]),
                 str(p["step"]),
                 "-" if p["mib"] is None else f"{p['mib']:.1f}",
             ]

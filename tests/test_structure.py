@@ -223,18 +223,17 @@ def test_how_windows_run_is_decided_once():
         str(p.relative_to(PACKAGE))
         for p in MODULES
         for node in ast.walk(ast.parse(p.read_text()))
-        if isinstance(node, ast.Attribute) and node.attr in ("self_contained", "allows_programs")
+        if isinstance(node, ast.Attribute) and node.attr == "allows_programs"
     }
-    # The plans' self_contained: read by planning alone (which windows one batch program runs); the source's
-    # allows_programs, by the loop as the source is installed.
-    assert readers == {"planning/execution.py", "engine/stream_loop.py"}, readers
+    # The source's allows_programs, read by the loop as the source is installed.
+    assert readers == {"engine/stream_loop.py"}, readers
     # How a window runs where programs may run: planned in planning/execution.py, asked only by the module that
     # runs what it says; the runtime only says why it runs none now (ProgramExecutor.blocked).
     askers = {
         str(p.relative_to(PACKAGE))
         for p in MODULES
         for node in ast.walk(ast.parse(p.read_text()))
-        if isinstance(node, ast.Name) and node.id in ("plan_window", "batch_windows")
+        if isinstance(node, ast.Name) and node.id == "plan_window"
     }
     assert askers == {"engine/program_runs.py"}, askers
 

@@ -25,7 +25,6 @@ kept on the device on the CPU too.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -85,10 +84,6 @@ class OptimizerStep:
         #: The step programs, with window programs (``None`` without): steps they can run, they run.
         self.programs = programs
         self._program: tuple[StepProgram, RunPosition] | None = None  # the prepared step's
-        #: Whether a step was taken (the optimizer's state exists), in this trainer's life.
-        self.stepped = False
-        # The prepared step, which a batch program took: its position, handlers, decision and handlers' outputs.
-        self._taken: tuple[RunPosition, StepHandlers, Any] | None = None
         self.accumulated = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
         self.backward_mean = False  # their one window backpropagated its mean loss: the gradients are divided
@@ -119,7 +114,7 @@ class OptimizerStep:
         self.accumulated = self.targets = 0
         self.backward_mean = False
         self._due = None
-        self._program = self._taken = None
+        self._program = None
 
     def window_started(self) -> None:
         """A window starts: the first of a step clears the gradients (``zero_grad()``, to ``None``)."""
@@ -140,33 +135,6 @@ class OptimizerStep:
         self.accumulated += 1
         return self.accumulated == self.accumulation
 
-    def steps_ahead(
-        self, windows: Sequence[tuple[int, bool]], counted: bool
-    ) -> tuple[list[tuple[bool, int | None]], list[int]]:
-        """Where windows still to run would start and complete steps, as :meth:`window_completed` will find them.
-
-        Args:
-            windows: each window's target count and whether it backpropagates its mean, in order.
-            counted: ``target_count_fn`` counts the windows' targets on the device: a step's divisor is then only
-                what its windows before these counted (on the host).
-
-        Returns:
-            For each window, whether it is the first of its step and the index of the step it completes (``None`` if
-            none); and each completed step's divisor, as :meth:`prepare` divides.
-        """
-        accumulated, targets, carried = self.accumulated, self.targets, self.targets
-        places: list[tuple[bool, int | None]] = []
-        divisors: list[int] = []
-        for n, backward_mean in windows:
-            first = accumulated == 0
-            accumulated, targets = accumulated + 1, targets + n
-            completes = accumulated == self.accumulation
-            places.append((first, len(divisors) if completes else None))
-            if completes:
-                divisors.append(carried if counted else _divisor(targets, backward_mean))
-                accumulated = targets = carried = 0
-        return places, divisors
-
     def synchronise(self, position: tuple[int, ...], targets: int) -> int:
         """:func:`~ignite_tbptt.engine.distributed.synchronise` on the parameters' device; the summed target count.
 
@@ -177,7 +145,7 @@ class OptimizerStep:
         device = params[0].device if params else torch.device("cpu")
         return distributed.synchronise(position, targets, device)
 
-    def prepare(self, position: RunPosition, handlers: StepHandlers | None = None, taken: Any = None) -> int:
+    def prepare(self, position: RunPosition, handlers: StepHandlers | None = None) -> int:
         """Make the accumulated gradients final: summed over processes, unscaled, divided and checked.
 
         Args:
@@ -186,8 +154,6 @@ class OptimizerStep:
             handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, where the step may run as a step program (window
                 programs, no retained segment); ``None`` for an eager step. :attr:`in_program` says whether it does:
                 then the handlers ``on_device`` run inside :meth:`apply`, and the others must run before it.
-            taken: a batch program took the step (:mod:`ignite_tbptt.runtime.programs.batch`): its decision
-                (``None`` with a scaler) and its handlers' outputs, which :meth:`apply` hands on.
 
         Returns:
             The step's target count over all processes; 0 if it has none (only padding), and then the step must
@@ -205,12 +171,9 @@ class OptimizerStep:
             targets = self.synchronise((distributed.STEP, *position), targets)
             if targets:
                 distributed.all_reduce_gradients(self.parameters())
-        if not targets:  # a batch program that took it skipped it on the device
+        if not targets:
             return 0
         divisor = _divisor(targets, backward_mean)
-        if taken is not None and handlers is not None:  # a batch program took it already
-            self._taken = position, handlers, taken
-            return targets
         if handlers is not None and self._in_program(divisor, handlers, position):
             return targets
         grads = gradients_of(self.optimizer)
@@ -259,14 +222,9 @@ class OptimizerStep:
             self._eager_decision = False
 
     @property
-    def clears_directly(self) -> bool:
-        """Whether ``zero_grad()`` is torch's own, which this class does by setting each ``.grad`` to ``None``."""
-        return self._clears_directly
-
-    @property
     def in_program(self) -> bool:
-        """Whether the prepared step runs as a step program (or a batch program took it)."""
-        return self._program is not None or self._taken is not None
+        """Whether the prepared step runs as a step program."""
+        return self._program is not None
 
     def _finite_on(self, grad: torch.Tensor) -> torch.Tensor:
         # The decision to check into when it is read at once: kept while it reads 0.0, so a step allocates nothing.
@@ -281,14 +239,6 @@ class OptimizerStep:
         Returns:
             Whether the ``GradScaler`` found inf/NaN and skipped the step (always False without a scaler).
         """
-        self.stepped = True
-        if self._taken is not None:
-            (position, handlers, (decision, outputs)), self._taken = self._taken, None
-            if decision is not None:
-                self._found_inf.append((decision, position))
-            for handler, output in zip(handlers.on_device, outputs):
-                handler.host_part(output)
-            return False
         if self._program is not None:
             (program, position), self._program = self._program, None
             skipped = program.step()

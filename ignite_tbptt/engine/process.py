@@ -12,7 +12,6 @@ import ignite.distributed as idist
 import torch
 from ignite.contrib.engines.tbptt import Tbptt_Events
 from ignite.engine import Engine, Events
-from ignite.handlers.base_logger import BaseOptimizerParamsHandler, BaseOutputHandler
 
 from ..data.batch import split_batch
 from ..data.masks import count_targets
@@ -403,14 +402,6 @@ class _EngineListener:
             self._step_handlers = (list(entries), _step_handlers(self.engine, entries))
         return self._step_handlers[1]
 
-    def quiet_step_handlers(self) -> StepHandlers | None:
-        handlers = self.events.handlers
-        for i in (_STARTED, _TIME_STARTED, _STEP_COMPLETED, _COMPLETED, _TIME_COMPLETED):
-            if not all(reads_state_only(func) for func, _, _ in handlers[i]):
-                return None
-        inside = self.step_handlers()
-        return None if inside.host_first else inside
-
     def step_started(self, targets: int, in_program: int = 0) -> None:
         state = tbptt_state(self.engine)
         state.step_targets = targets
@@ -457,23 +448,6 @@ def _step_handlers(engine: Engine, entries: list) -> StepHandlers:
         inside.append(StepHandler(partial(func.device_part, engine), partial(func.host_part, engine), id(func)))
     inside.reverse()
     return StepHandlers(tuple(inside), len(inside) < len(entries))
-
-
-def reads_state_only(handler: Any) -> bool:
-    """Whether ``handler`` only reads what a window or a step leaves in ``engine.state`` (it may log it).
-
-    Such a handler may run after a batch program, as the host walks the batch's windows, each with its own state:
-    ignite's loggers' handlers (``BaseOutputHandler``, ``BaseOptimizerParamsHandler``), and any handler (a function
-    or an object) with an attribute ``reads_state_only = True``. ignite's filtered events wrap a handler
-    (``__wrapped__``): the handler itself is asked.
-    """
-    while handler is not None:
-        if getattr(handler, "reads_state_only", False) is True:
-            return True
-        if isinstance(handler, (BaseOutputHandler, BaseOptimizerParamsHandler)):
-            return True
-        handler = getattr(handler, "__wrapped__", None)
-    return False
 
 
 def _in_step(func: Any) -> bool:

@@ -17,7 +17,7 @@ import torch
 
 from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
-from ..planning import BatchPlan, ClosePlan, SegmentPlan, StreamPlanner, WindowSource, plan_batch
+from ..planning import BatchPlan, SegmentPlan, StreamPlanner, WindowSource, plan_batch
 from ..planning.walk import StreamWalk
 from ..runtime import (
     Execution,
@@ -39,7 +39,7 @@ from ..runtime import (
 from . import distributed
 from .loop_protocols import CompletedWindow, LoopListener
 from .optimizer_step import OptimizerStep
-from .program_runs import run_batch_program, run_window_program
+from .program_runs import run_window_program
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
 
@@ -266,21 +266,20 @@ class StreamLoop:
         offset = batch.start
         # Read where it is used, as the optimizer step has it now (a distributed run's is known once the run starts).
         self.walk.one_window_per_step = self.optimizer_step.one_window_per_step
-        # Where windows may run as programs, planning decides at each window boundary; None where they run eagerly.
+        # Where windows may run as programs, planning decides as each window opens; None where they run eagerly.
         programs = self.executor if isinstance(self.executor, ProgramExecutor) else None
-        batch_asked = False  # the rest of the batch as one program: asked once, at the first boundary it may run
         while stream.position < batch.end and self.failed is None:
-            if planner.window is None and programs is None:
+            if planner.window is None:
                 self.open_window()
-            elif planner.window is None and programs is not None:
-                blocked = programs.blocked()
-                if not batch_asked and blocked is None:
-                    batch_asked = True
-                    if run_batch_program(self, programs, batch, x, y, resets, keep_predictions, out):
-                        continue  # it walked the windows it ran
-                self.open_window()
-                if run_window_program(self, programs, batch, x, y, resets, blocked, keep_predictions, out):
-                    continue  # it walked the window it ran
+                if programs is not None:
+                    ran = run_window_program(
+                        planner, programs, batch, x, y, resets, stream.position, self.walk.one_window_per_step,
+                        keep_predictions,
+                    )  # fmt: skip
+                    if ran is not None:
+                        for plan, result in ran:
+                            self.segment_done(batch, plan, result, out, swept=True)
+                        continue
             for plan in self.walk.segments(batch, stream.position):
                 start, end = plan.start - offset, plan.end - offset
                 result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
@@ -293,20 +292,17 @@ class StreamLoop:
         result: SegmentResult,
         out: BatchResult,
         swept: bool = False,
-        taken: Any = None,
-        close: ClosePlan | None = None,
     ) -> None:
-        """A segment ran (eagerly, or in a sweep or batch program): its loss counted, its window closed if it ends.
+        """A segment ran (eagerly, or in a sweep program): its loss counted, its window closed if it ends.
 
-        ``swept``, ``taken`` and ``close`` as :meth:`close_window` takes them; ``out``: the batch's loss and
-        predictions so far.
+        ``swept`` as :meth:`close_window` takes it; ``out``: the batch's loss and predictions so far.
         """
         out.loss.add(result.loss, result.targets, plan.whole_window)
         self.optimizer_step.accumulate(result.targets, plan.backward_mean)
         self.listener.targets_processed(result.targets)
         out.predictions.append(result.predictions)
         if plan.closes_window:
-            self.close_window(plan.end, batch.stream_continues(plan.end), swept, taken, close)
+            self.close_window(plan.end, batch.stream_continues(plan.end), swept)
 
     # -- window and step boundaries ----------------------------------------------------------------------------
     def open_window(self) -> None:
@@ -317,18 +313,14 @@ class StreamLoop:
         self.stream.open_window()
         self.walk.open(self.stream.position, self.listener.window_started())
 
-    def close_window(
-        self, end: int, stream_continues: bool, swept: bool = False, taken: Any = None, close: ClosePlan | None = None
-    ) -> None:
+    def close_window(self, end: int, stream_continues: bool, swept: bool = False) -> None:
         """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due.
 
         ``swept``: a sweep program ran the window and its backward pass; only what no later window reaches is
-        dropped. ``taken``: a batch program took the step the window completes, with this decision and these
-        handlers' outputs. ``close``: the window's close as planning gave it with the batch program's windows
-        (:func:`~ignite_tbptt.planning.batch_windows`), else planned here.
+        dropped.
         """
         stream, executor, listener = self.stream, self.executor, self.listener
-        plan = close if close is not None else self.walk.close(end, stream_continues)
+        plan = self.walk.close(end, stream_continues)
         if swept:
             assert isinstance(executor, ProgramExecutor), "only a program executor sweeps a window at once"
             executor.close_swept(plan)
@@ -346,13 +338,11 @@ class StreamLoop:
             profile = reach_profile(reach, end, targets, optimizer_step.backward_mean, optimizer_step.scaler)
         listener.window_closed(profile)
         if self.optimizer_step.window_completed():
-            self.take_step(taken)
+            self.take_step()
         listener.window_completed(CompletedWindow(plan.start, end, plan.cut, stream.window_loss))
 
-    def take_step(self, taken: Any = None) -> None:
+    def take_step(self) -> None:
         """Take the optimizer step over the accumulated windows; a refused one is kept in :attr:`failed`.
-
-        ``taken``: a batch program took it already, with this decision and these handlers' outputs.
 
         Raises:
             ProcessesDisagree: in a distributed run whose processes are at different steps.
@@ -364,20 +354,20 @@ class StreamLoop:
         try:
             if profiling():
                 with profiled("tbptt.optimizer_step"):
-                    self._step(taken)
+                    self._step()
             else:
-                self._step(taken)
+                self._step()
         except FloatingPointError as error:
             # No window runs after this one; the iteration ends with a NaN output, and the error is raised
             # when anything would run next, unless a handler (TerminateOnNan) ends the run first.
             history.clear()
             self.failed = error
 
-    def _step(self, taken: Any) -> None:
+    def _step(self) -> None:
         step, listener = self.optimizer_step, self.listener
         # Retained segments need nothing of the step: their weights were copied before it (take_step).
         handlers = listener.step_handlers() if step.programs is not None else None
-        targets = step.prepare(listener.position(), handlers, taken)
+        targets = step.prepare(listener.position(), handlers)
         if not targets:
             return
         # A step runs in a program only with the handlers it was prepared with.

@@ -40,13 +40,7 @@ def _peak_memory_mib(device: torch.device) -> float | None:
 
 
 class _Telemetry:
-    """Puts what the "train" section logs into ``engine.state`` just before it is logged.
-
-    After a batch program (several windows per replay) the windows are logged as the host walks them, right after
-    the replay: ``targets_per_second`` is then measured between two logs across batches, not within one.
-    """
-
-    reads_state_only = True  # it writes only the logged values into engine.state
+    """Puts what the "train" section logs into ``engine.state`` just before it is logged."""
 
     def __init__(self, trainer: Engine, step: TBPTTStep) -> None:
         self.last_time = time.perf_counter()  # set again as the run starts
@@ -82,23 +76,14 @@ def _log_programs(engine: Engine, tb: TensorboardLogger, step: Any) -> None:
             tb.writer.add_scalar(f"train/programs/{name}", value, at)
 
 
-# It reads the counts only: after a batch program its windows log the counts as the program left them.
-_log_programs.reads_state_only = True  # type: ignore[attr-defined]
-
-
 def _log_k2(engine: Engine, tb: TensorboardLogger, step: Any) -> None:
     k2 = getattr(engine.state, "k2", None)
     if k2 is not None:  # the k2 an AdaptiveTruncation chose
         tb.writer.add_scalar("train/k2", k2, step(engine, TBPTTEvents.WINDOW_COMPLETED))
 
 
-_log_k2.reads_state_only = True  # type: ignore[attr-defined]
-
-
 class _ReachLog:
     """Logs :class:`~ignite_tbptt.GradientReach`'s profiles: a scalar per recorded window, a picture now and then."""
-
-    reads_state_only = True
 
     def __init__(self, tb: TensorboardLogger, step: Any, picture_every: int) -> None:
         self.tb, self.step, self.picture_every = tb, step, picture_every
@@ -126,9 +111,6 @@ class _ReachLog:
 
 def _fire_tokens_logged(engine: Engine) -> None:
     engine.fire_event(_TokensLogged.TRAIN)  # its handler, ignite's OptimizerParamsHandler, only logs
-
-
-_fire_tokens_logged.reads_state_only = True  # type: ignore[attr-defined]
 
 
 def _learned(engine: Engine, window: int, every: int) -> bool:
@@ -173,10 +155,9 @@ def attach_tensorboard(
     - ``loss_scale``: the ``GradScaler``'s scale, when the trainer has one;
     - ``k2``: the k2 an attached :class:`~ignite_tbptt.AdaptiveTruncation` has chosen;
     - ``programs/captures``, ``programs/replays``, ``programs/warmups``, ``programs/eager_windows``,
-      ``programs/evictions``, ``programs/eager/<reason>`` and ``programs/window_by_window/<reason>``: with
-      ``cuda_graphs``, how the windows and steps ran so far (``engine.state.programs``,
-      :class:`~ignite_tbptt.runtime.ProgramCounts`; the reasons are :class:`~ignite_tbptt.planning.Eager`'s and
-      :class:`~ignite_tbptt.planning.WindowByWindow`'s values);
+      ``programs/evictions`` and ``programs/eager/<reason>``: with ``cuda_graphs``, how the windows and steps ran so
+      far (``engine.state.programs``, :class:`~ignite_tbptt.runtime.ProgramCounts`; the reasons are
+      :class:`~ignite_tbptt.planning.Eager`'s values);
     - ``targets_per_second``: targets (tokens) processed per second of wall-clock time since the last log;
     - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
       peak resident set (where the platform reports it).

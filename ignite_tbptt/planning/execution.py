@@ -4,36 +4,24 @@ Where the trainer runs windows as programs (``cuda_graphs``), the stream loop as
 and nowhere else is it decided. A window runs whole as one program (a sweep program of its model calls and of the
 retained segments it reaches, :mod:`ignite_tbptt.runtime.programs.sweep`) where its whole course is planned before
 it runs: the batch holds all of it, every step gets the gradient of the whole window, and its gradient reach is not
-recorded. Otherwise it runs segment by segment, eagerly, and :class:`Eager` says why. The rest of a batch runs as
-one batch program (:mod:`ignite_tbptt.runtime.programs.batch`) where at least two of its windows from the stream's
-position on are each one model call paid at once (:func:`batch_windows`) and nothing of the engine needs the host
-between them; otherwise :class:`WindowByWindow` says why. What the runtime and the engine know (the model call's
-first checks, torch's profiler, the handlers, the optimizer) reaches this module as the reason it gives; the window
+recorded. Otherwise it runs segment by segment, eagerly, and :class:`Eager` says why. One window per replay: no
+program runs several windows (SPEC.md, "One window per replay"). What the runtime knows (the model call's first
+checks, torch's profiler) reaches this module as the reason it gives; the window
 sources say what they allow (:attr:`~ignite_tbptt.planning.WindowSource.allows_programs`), which the trainer checks
 as a source is installed.
 """
 
 from __future__ import annotations
 
-import copy
 import enum
 from typing import NamedTuple
 
 from .batch_plan import BatchPlan
-from .close_plan import ClosePlan
 from .segment_plan import SegmentPlan
 from .stream_planner import StreamPlanner
 from .walk import StreamWalk
 
-__all__ = [
-    "Eager",
-    "WindowByWindow",
-    "WindowExecution",
-    "plan_window",
-    "PlannedWindow",
-    "BatchExecution",
-    "batch_windows",
-]
+__all__ = ["Eager", "WindowExecution", "plan_window"]
 
 
 class Eager(enum.Enum):
@@ -56,35 +44,6 @@ class Eager(enum.Enum):
     #: The retained segments the window reaches are not all kept as what recomputes them (after a resumed run, or
     #: a step the scaler skipped, cut the history).
     REACH_NOT_RETAINED = "reach_not_retained"
-
-
-class WindowByWindow(enum.Enum):
-    """Why the rest of a batch runs window by window rather than as one batch program; its value names its count.
-
-    A user reads the counts as ``engine.state.programs.window_by_window``
-    (:class:`~ignite_tbptt.runtime.ProgramCounts`), one per batch, asked at its first window boundary where a program
-    may run.
-    """
-
-    #: Fewer than two of its next windows are each one model call paid at once of which nothing is retained, before
-    #: one that is not (k2 > k1, a sequence start inside it, the batch ending inside it, its gradient reach recorded).
-    WINDOWS = "windows"
-    #: ``output_transform`` takes the predictions, which a batch program does not copy out.
-    PREDICTIONS = "predictions"
-    #: A ``GradScaler``: whether it skipped a step is read after each, to restart a hidden state that overflowed.
-    SCALER = "scaler"
-    #: ``target_count_fn`` before the first optimizer step: a first step without targets, skipped on the device, would
-    #: leave the optimizer without its state.
-    FIRST_STEP = "first_step"
-    #: The optimizer step cannot run as a program: the optimizer does not skip its step on the device (fused SGD,
-    #: Adam and AdamW do), or ``zero_grad`` is not torch's own.
-    STEP = "step"
-    #: A distributed run: each step sums the gradients over the processes first.
-    DISTRIBUTED = "distributed"
-    #: Windows reach retained segments (k2 > k1), which a batch program does not run again.
-    RETAINED = "retained"
-    #: A handler listens, on the host, to a window's or a step's events, which fire between the windows.
-    HANDLERS = "handlers"
 
 
 class WindowExecution(NamedTuple):
@@ -143,64 +102,3 @@ def _window_segments(
         if plan.closes_window:
             return tuple(plans)
     return Eager.BATCH_ENDS_INSIDE
-
-
-class PlannedWindow(NamedTuple):
-    """A window of one segment, planned ahead with its close (:func:`batch_windows`)."""
-
-    #: Its one segment.
-    segment: SegmentPlan
-    #: Its close: the stream loop carries it out as the program's windows are walked.
-    close: ClosePlan
-
-
-class BatchExecution(NamedTuple):
-    """How the rest of a batch runs (:func:`batch_windows`)."""
-
-    #: The windows one batch program runs, two or more; ``()`` where they run window by window.
-    windows: tuple[PlannedWindow, ...]
-    #: Why they run window by window; ``None`` where one batch program runs them.
-    window_by_window: WindowByWindow | None
-
-
-def batch_windows(
-    planner: StreamPlanner,
-    batch: BatchPlan,
-    position: int,
-    one_window_per_step: bool,
-    number: int,
-    blocked: WindowByWindow | None = None,
-) -> BatchExecution:
-    """The windows from ``position`` on that one batch program runs, each one segment, or why they run one by one.
-
-    They run up to the first that is not a whole window of one model call paid at once of which nothing is
-    retained (:attr:`~ignite_tbptt.planning.SegmentPlan.self_contained`), or whose gradient reach is recorded: a
-    sequence start inside a window, or the batch ending inside one, ends the run; under two, they run window by
-    window. The windows are planned on a copy of ``planner``, between windows; ``number``: the run's windows so far;
-    ``blocked``: what the engine lacks for a batch program (the handlers, the optimizer, ...), or ``None``.
-
-    Examples:
-        >>> from ignite_tbptt.planning import Schedule, StreamPlanner, plan_batch
-        >>> windows, _ = batch_windows(StreamPlanner(Schedule(4, 4)), plan_batch(0, 10, False, {}), 0, True, 0)
-        >>> [(w.segment.start, w.segment.end, w.close.following.start) for w in windows]
-        [(0, 4, 4), (4, 8, 8)]
-        >>> batch_windows(StreamPlanner(Schedule(4, 6)), plan_batch(0, 10, False, {}), 0, True, 0).window_by_window
-        <WindowByWindow.WINDOWS: 'windows'>
-    """
-    if blocked is not None:
-        return BatchExecution((), blocked)
-    walk = StreamWalk(copy.copy(planner), one_window_per_step, windows=number)
-    windows: list[PlannedWindow] = []
-    segment = None
-    for planned in walk.run(batch, 0, position):
-        plan = planned.plan
-        if isinstance(plan, ClosePlan):  # it retains nothing: a self-contained window's
-            assert segment is not None, "a close follows its window's segment"
-            windows.append(PlannedWindow(segment, plan))
-        elif walk.planner.recorded or not plan.self_contained:
-            break
-        else:
-            segment = plan
-    if len(windows) < 2:
-        return BatchExecution((), WindowByWindow.WINDOWS)
-    return BatchExecution(tuple(windows), None)

@@ -74,10 +74,6 @@ class SegmentPlan(NamedTuple):
     #: Its loss is backpropagated to its predictions at once and their gradient owed to the sweep (per-token
     #: backward: the loss graph, a large vocabulary's log-softmax say, is freed right away).
     detaches_predictions: bool
-    #: The segment is a whole window paid at once of which the sweep keeps nothing: nothing of it outlives its one
-    #: call, so that one batch program may run it among others (``cuda_graphs``; where a source allows programs,
-    #: every other window it plans whole runs as a sweep program, :mod:`ignite_tbptt.runtime.programs.sweep`).
-    self_contained: bool
 
 
 def plan_segment(
@@ -167,5 +163,4 @@ def plan_segment(
         joins_history,
         whole_window,
         not backward_now and not loss_in_sweep,
-        whole_window and backward_now and not joins_history,
     )

@@ -4,7 +4,7 @@ The trainer's loop plans a stream batch by batch: it opens a window where the la
 from the batch (:func:`~ignite_tbptt.planning.plan_batch`, :meth:`StreamPlanner.segment
 <ignite_tbptt.planning.StreamPlanner.segment>`), and where a segment closes its window it plans the close from the
 retained segments (:meth:`StreamPlanner.close <ignite_tbptt.planning.StreamPlanner.close>`). :class:`StreamWalk` is
-that order, written once: the stream loop trains on it, and the look-aheads of window and batch programs run it
+that order, written once: the stream loop trains on it, and the look-ahead of a window program runs it
 ahead. :func:`walk` runs it over batches of a given length, and keeps the retained segments' first steps the way the
 runtime's history keeps them (a segment whose plan joins the history is appended; after a close only those from the
 plan's ``keep_from`` on stay), so that whatever needs to know where windows, segments and cuts fall (the evaluator's
@@ -140,8 +140,8 @@ class StreamWalk:
     What every walk of a schedule runs: the stream loop as it trains
     (:class:`~ignite_tbptt.engine.stream_loop.StreamLoop`, which asks for each plan as it goes, runs each segment and
     each window's backward sweep in between, and numbers windows by the run's events), :func:`walk` (:meth:`run`),
-    and the look-aheads that decide how windows run as programs (:func:`~ignite_tbptt.planning.plan_window`,
-    :func:`~ignite_tbptt.planning.batch_windows`, on the stream's planner or a copy of it).
+    and the look-ahead that decides how a window runs as a program (:func:`~ignite_tbptt.planning.plan_window`, on
+    the stream's planner).
 
     Args:
         planner: the stream's planner (its open window, if any, where the walk starts).

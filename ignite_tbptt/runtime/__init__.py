@@ -6,7 +6,7 @@ what the stream's :class:`RetainedHistory` keeps for the window's backward sweep
 (:class:`ProgramExecutor`, ``cuda_graphs``, the subpackage :mod:`ignite_tbptt.runtime.programs`) runs the windows
 planning gives it whole as programs, captured in CUDA graphs on a GPU, and the other segments as the first;
 :func:`build_executor` makes the one an :class:`Execution` names. With it, optimizer steps run as step programs
-(:class:`StepPrograms`) and a batch's windows as one batch program (:class:`BatchProgram`) where they can. Around
+(:class:`StepPrograms`) where they can. Around
 them: the stream's state with its ``state_dict`` (:class:`StreamState`), the weights retained graphs need across
 optimizer steps (:class:`ParameterVersions`), hidden states as trees of tensors and their per-column reset, the
 replay of a segment's random state for recomputation, the optimizer step's body (the gradients' division and
@@ -28,9 +28,6 @@ from .model_call import ModelCall, autocast_for, build_model_call, default_model
 from .module_state import ModuleState, attributes_with_graph, check_attributes
 from .profiling import profiled, profiling
 from .programs import (
-    BatchProgram,
-    BatchResults,
-    BatchWindow,
     Execution,
     GraphCapture,
     GraphCaptureError,
@@ -101,9 +98,6 @@ __all__ = [
     "StepHandlers",
     "StepProgram",
     "StepPrograms",
-    "BatchProgram",
-    "BatchResults",
-    "BatchWindow",
     "LossRule",
     "profiled",
     "profiling",

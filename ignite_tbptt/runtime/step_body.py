@@ -1,7 +1,7 @@
 """The optimizer step's body, run eagerly or in a program: the division and check, the step, the scale's update.
 
 An optimizer step over accumulated windows runs the same operations whether it runs eagerly
-(:class:`~ignite_tbptt.engine.optimizer_step.OptimizerStep`) or inside a step or batch program
+(:class:`~ignite_tbptt.engine.optimizer_step.OptimizerStep`) or inside a step program
 (:mod:`ignite_tbptt.runtime.programs.step`): with a ``GradScaler``, its ``unscale_`` (which checks the gradients for
 inf/NaN into the scaler's record) and the division by the step's target count (:func:`unscale_and_divide`); without,
 the division and the check in one kernel (:func:`~ignite_tbptt.runtime.divide_and_check`); then the optimizer's

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ignite_tbptt import Schedule
-from ignite_tbptt.planning import Eager, StreamPlanner, WindowByWindow, batch_windows, plan_batch, plan_window
+from ignite_tbptt.planning import Eager, StreamPlanner, plan_batch, plan_window
 
 
 @settings(max_examples=200, deadline=None)
@@ -54,37 +54,6 @@ def test_why_a_window_runs_eagerly():
     planner = StreamPlanner(Schedule(4, 6))
     planner.open_window(16, 5)
     assert plan_window(planner, plan_batch(16, 3, False, {}), 16, False, None) == ((), Eager.BATCH_ENDS_INSIDE)
-
-
-def test_one_batch_program_runs_the_whole_windows_of_one_call_up_to_a_start_inside_a_window():
-    planner = StreamPlanner(Schedule(4, 4))
-    # Starts at 8 (a window's first step: its reset is a mask) and 14 (inside the window [12, 16)).
-    batch = plan_batch(0, 22, False, {8: None, 14: None})
-    windows, window_by_window = batch_windows(planner, batch, 0, True, 0)
-    assert window_by_window is None
-    assert [(w.segment.start, w.segment.end) for w in windows] == [(0, 4), (4, 8), (8, 12)]
-    assert all(w.segment.self_contained and w.segment.backward_mean for w in windows)
-    assert planner.window is None  # planned on a copy
-    # Each with the close the loop would plan, which it carries out as it walks the program's windows.
-    closes = []
-    for w in windows:
-        planner.open_window(w.segment.start, 0)
-        closes.append(planner.close(w.segment.end, batch.stream_continues(w.segment.end), []))
-        planner.closed(closes[-1])
-    assert [w.close for w in windows] == closes
-    planner.reset()
-    # From 12 on, the start at 14 splits the first window: no run of two.
-    assert batch_windows(planner, batch, 12, True, 3) == ((), WindowByWindow.WINDOWS)
-    # A window that records its reach ends the run: window 3 of the run.
-    planner.reach.ask(every=3)
-    assert [(w.segment.start, w.segment.end) for w in batch_windows(planner, batch, 0, True, 0).windows] == [
-        (0, 4),
-        (4, 8),
-    ]
-    # k2 > k1 reaches back: no window of one call.
-    assert batch_windows(StreamPlanner(Schedule(4, 6)), batch, 0, True, 0) == ((), WindowByWindow.WINDOWS)
-    # What the engine lacks is the reason, whatever the windows.
-    assert batch_windows(planner, batch, 0, True, 0, WindowByWindow.SCALER) == ((), WindowByWindow.SCALER)
 
 
 def test_which_sources_allow_programs_follows_from_what_they_state():

@@ -1,18 +1,16 @@
-"""The graph wing: windows, optimizer steps and batches run as programs over static buffers (``cuda_graphs``).
+"""The graph wing: windows and optimizer steps run as programs over static buffers (``cuda_graphs``).
 
 A program is a body of tensor operations on static buffers that runs eagerly every time (``"uncaptured"``), is
 captured once in a CUDA graph and replayed (``True``, :mod:`.capture`), or is recorded operator by operator and
 replayed under capture's rules on any device (``"replayed"``, :mod:`.replayed_capture`). :class:`ProgramExecutor`
 (:mod:`.executor`), the second executor, runs a window that is one model call paid at once, or several calls, or one
-that reaches back (k2 > k1), as a :class:`SweepProgram` (:mod:`.sweep`); the optimizer step after it as a
-:class:`StepProgram` (:mod:`.step`); and the rest of a batch, where no handler needs the host between windows, as
-one :class:`BatchProgram` (:mod:`.batch`). Programs are kept by shape in a :class:`ProgramCache` (:mod:`.cache`),
-which counts captures, replays, warm-ups and eager windows (:class:`ProgramCounts`). Modules here import the rest
-of :mod:`ignite_tbptt.runtime` and :mod:`ignite_tbptt.planning`; the runtime imports this package only in its own
-``__init__``.
+that reaches back (k2 > k1), as a :class:`SweepProgram` (:mod:`.sweep`), and the optimizer step after it as a
+:class:`StepProgram` (:mod:`.step`): one window per replay, and one step. Programs are kept by shape in a
+:class:`ProgramCache` (:mod:`.cache`), which counts captures, replays, warm-ups and eager windows
+(:class:`ProgramCounts`). Modules here import the rest of :mod:`ignite_tbptt.runtime` and
+:mod:`ignite_tbptt.planning`; the runtime imports this package only in its own ``__init__``.
 """
 
-from .batch import BatchProgram, BatchResults, BatchWindow
 from .cache import ProgramCache, ProgramCounts
 from .capture import GraphCapture, GraphCaptureError, Program
 from .executor import Execution, ProgramExecutor, build_executor
@@ -31,9 +29,6 @@ __all__ = [
     "StepHandler",
     "StepHandlers",
     "StaticGradients",
-    "BatchProgram",
-    "BatchResults",
-    "BatchWindow",
     "Program",
     "GraphCapture",
     "GraphCaptureError",

@@ -1,6 +1,6 @@
 """The programs a trainer keeps, at most a limit of them, and the counts of how its programs ran.
 
-A program stands for one shape of window, batch or optimizer step. Shapes that stop coming (sequence starts at
+A program stands for one shape of window or optimizer step. Shapes that stop coming (sequence starts at
 places that do not recur, a batch length seen once) must not hold their slot: the least recently used program is
 dropped for a new one, its graph freed, and the drop counted. A user reads the counts as ``engine.state.programs``;
 :func:`~ignite_tbptt.attach_tensorboard` logs them under ``train/programs/``.
@@ -13,14 +13,14 @@ from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from ...planning import Eager, WindowByWindow
+from ...planning import Eager
 
 __all__ = ["ProgramCounts", "ProgramCache"]
 
 
 @dataclass
 class ProgramCounts:
-    """How a trainer's programs ran so far (``cuda_graphs``), summed over window, batch and step programs."""
+    """How a trainer's programs ran so far (``cuda_graphs``), summed over window and step programs."""
 
     #: Programs captured (a CUDA graph, or a recording with ``cuda_graphs="replayed"``).
     captures: int = 0
@@ -35,25 +35,16 @@ class ProgramCounts:
     evictions: int = 0
     #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.Eager`'s values), those with any.
     eager: dict[str, int] = field(default_factory=dict)
-    #: The batches whose windows ran one by one, not as one batch program, by reason
-    #: (:class:`~ignite_tbptt.planning.WindowByWindow`'s values), those with any.
-    window_by_window: dict[str, int] = field(default_factory=dict)
 
     def ran_eagerly(self, reason: Eager) -> None:
         """A window runs segment by segment, for ``reason``."""
         self.eager_windows += 1
         self.eager[reason.value] = self.eager.get(reason.value, 0) + 1
 
-    def ran_window_by_window(self, reason: WindowByWindow) -> None:
-        """The rest of a batch runs window by window, for ``reason``."""
-        self.window_by_window[reason.value] = self.window_by_window.get(reason.value, 0) + 1
-
     def as_dict(self) -> dict[str, int]:
-        """The counts by name; the reasons as ``eager/<reason>`` and ``window_by_window/<reason>``."""
-        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("eager", "window_by_window")}
-        by_reason = {f"eager/{reason}": n for reason, n in self.eager.items()}
-        by_reason.update({f"window_by_window/{reason}": n for reason, n in self.window_by_window.items()})
-        return {**counts, **by_reason}
+        """The counts by name; the reasons as ``eager/<reason>``."""
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "eager"}
+        return {**counts, **{f"eager/{reason}": n for reason, n in self.eager.items()}}
 
 
 class ProgramCache:

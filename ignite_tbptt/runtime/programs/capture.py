@@ -1,7 +1,7 @@
 """A program: a body of tensor operations on static buffers, run eagerly or captured once in a CUDA graph and replayed.
 
-Sweep, step and batch programs (:mod:`~ignite_tbptt.runtime.programs.sweep`, :mod:`~ignite_tbptt.runtime.programs.step`,
-:mod:`~ignite_tbptt.runtime.programs.batch`) are bodies of this kind: they read their inputs from buffers written
+Sweep and step programs (:mod:`~ignite_tbptt.runtime.programs.sweep`, :mod:`~ignite_tbptt.runtime.programs.step`)
+are bodies of this kind: they read their inputs from buffers written
 before each run and leave their results in tensors read right after it. Uncaptured, a :class:`Program` runs
 its body every time, on any device: the same operations on the same buffers, which is how programs are tested on
 the CPU. Captured, it runs its body eagerly ``warmup`` times on a side stream (what a captured body needs must exist

@@ -3,12 +3,10 @@
 Where the model is small, a GPU step is bound by kernel launches: a window of a GRU of 8 units is some fifty
 launches of a few microseconds each, which a CUDA graph records once and replays as one. :class:`ProgramExecutor`
 runs a window whole as one sweep program (:mod:`~ignite_tbptt.runtime.programs.sweep`) where planning says it may
-(:func:`~ignite_tbptt.planning.plan_window`), the rest of a batch as one batch program
-(:mod:`~ignite_tbptt.runtime.programs.batch`) on the windows planning gives
-(:func:`~ignite_tbptt.planning.batch_windows`), and every other window segment by segment, as the eager
-:class:`~ignite_tbptt.runtime.SegmentExecutor` runs it. Its programs read their inputs from static buffers and add
-the window's gradients into the parameters' static ``.grad`` buffers as autograd's backward pass would, where the
-step programs (:mod:`~ignite_tbptt.runtime.programs.step`) read them.
+(:func:`~ignite_tbptt.planning.plan_window`), one window per replay, and every other window segment by segment, as
+the eager :class:`~ignite_tbptt.runtime.SegmentExecutor` runs it. Its programs read their inputs from static
+buffers and add the window's gradients into the parameters' static ``.grad`` buffers as autograd's backward pass
+would, where the step programs (:mod:`~ignite_tbptt.runtime.programs.step`) read them.
 
 :class:`Execution` names how: eagerly; as programs uncaptured (the same operations on the same buffers every window,
 on any device: the eager parameters bit for bit); captured in CUDA graphs (``warmup`` eager runs on a side stream, one
@@ -39,11 +37,10 @@ from ..module_state import repoint_caches
 from ..profiling import profiling
 from ..reset import Resets
 from ..stream import StreamState
-from .batch import BatchProgram, BatchResults
 from .cache import ProgramCache
 from .capture import GraphCapture
 from .replayed_capture import ReplayedCapture
-from .step import StepPrograms, same_settings
+from .step import StepPrograms
 from .sweep import Call, CallPass, ReachWeights, SweepProgram, reach_of
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor"]
@@ -92,7 +89,7 @@ def _storages_by_name(model: torch.nn.Module) -> dict[int, str]:
 
 
 class ProgramExecutor(SegmentExecutor):
-    """The second executor: a window whole as one sweep program, a batch as one batch program, as planning says.
+    """The second executor: a window whole as one sweep program, where planning says so.
 
     A stream's first windows run eagerly all the same (:meth:`blocked`), until the checks of a model call that need
     an eager call are done (the returned state's cut, the columns a reset handles), and so does every window while
@@ -108,9 +105,8 @@ class ProgramExecutor(SegmentExecutor):
         steps: the optimizer's step programs, whose parameters (in the optimizer's order), static ``.grad`` buffers,
             capture (a CUDA graph's :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture`, a
             :class:`~ignite_tbptt.runtime.programs.replayed_capture.ReplayedCapture`, or ``None``: the same program
-            runs eagerly every window) and counts the window and batch programs share.
-        limit: the most window shapes given a program, and the most batch programs; a new one drops the least
-            recently used.
+            runs eagerly every window) and counts the window programs share.
+        limit: the most window shapes given a program; a new one drops the least recently used.
     """
 
     runs_programs = True
@@ -134,7 +130,6 @@ class ProgramExecutor(SegmentExecutor):
         if isinstance(graphs, ReplayedCapture):  # its errors name the model's tensors
             graphs.name(lambda: _storages_by_name(model_call.model))
         self.programs = ProgramCache(limit, self.counts)  # window and sweep programs
-        self.batch_programs = ProgramCache(limit, self.counts)  # several windows per replay
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
         self._trained_index: list[int] = []  # their places among the parameters
         self.reach_weights = ReachWeights()  # the weights of the versions sweep programs reach
@@ -235,7 +230,7 @@ class ProgramExecutor(SegmentExecutor):
     def window_call(
         self, x: Any, y: Any, state: Any, starts: torch.Tensor | None, targets: int, backward_mean: bool
     ) -> CallPass:
-        """One model call of a window and its loss, as window, sweep and batch programs run it.
+        """One model call of a window and its loss, as a sweep program runs it.
 
         The eager executor's loss rule, so the same operations give the same gradients. ``target_count_fn``'s count
         stays on the device (a tensor, or an int fixed by the shapes), read once the program has run; as a 0-dim
@@ -281,64 +276,9 @@ class ProgramExecutor(SegmentExecutor):
             repoint_caches(self.model_call.model, eager, stream.hidden)
             del eager
 
-    def run_batch(
-        self,
-        key: tuple,
-        make: Callable[[], BatchProgram],
-        settings: list[dict],
-        x: Any,
-        y: Any,
-        resets: Resets,
-        divisors: list[int],
-    ) -> tuple[BatchProgram, BatchResults]:
-        """Run a batch's windows as the batch program of ``key`` (made by ``make`` the first time).
-
-        ``settings``: the optimizer groups' hyper-parameters but the learning rate (a program made for others is
-        made again); ``x``, ``y``: the batch, ``(T, B, *)`` along the time dimension; ``resets``: the columns that
-        start a sequence by step of the batch; ``divisors``: each step's divisor (:class:`BatchProgram`).
-
-        Returns:
-            The program and its results, with each window's target count read (one read for the batch) in ``counts``
-            as ints. The stream's state is then the batch's last; its position and the windows' losses are the
-            host's walk's to advance (:meth:`take_batch_window`), and the ``.grad`` the program left, to set
-            (:meth:`finish_batch_program`).
-
-        Raises:
-            GraphCaptureError: where the capture of the program fails (``cuda_graphs=True``), or its recording
-                refuses a host read (``cuda_graphs="replayed"``).
-            GraphReplayError: with ``cuda_graphs="replayed"``, if a tensor its recording reads was freed, moved or
-                resized since.
-        """
-        self._check_parameters()
-        # Made again where a hyper-parameter other than the learning rate changed.
-        program = self.batch_programs.fetch(key, make, lambda p: same_settings(p.settings, settings))
-        self.let_state_graph_go()
-        results = program(x, y, self.stream.hidden, resets, divisors)
-        self.stream.hidden = hs.unflatten(self.stream.hidden, results.state)
-        # The counts target_count_fn made on the device: one read for the batch, where a window reads its own.
-        counts = torch.stack(results.counts).tolist() if results.counts else [w.targets for w in program.windows]
-        return program, results._replace(counts=counts)
-
-    def take_batch_window(self, plan: SegmentPlan, mean: torch.Tensor, targets: int) -> SegmentResult:
-        """The host's walk reaches a window a batch program ran: the stream advances past it, with its loss."""
-        self.stream.position = plan.end
-        self.stream.window_loss.add(mean, targets, True)
-        return SegmentResult(mean, targets, None)
-
-    def finish_batch_program(self, program: BatchProgram) -> None:
-        """Once the host's walk reaches a batch program's last window: the ``.grad`` the program left.
-
-        The walk's ``zero_grad()`` at a step's first window cleared them; a window after the program's (the batch
-        ending inside it) adds to them, or clears them if it starts a step.
-        """
-        if program.gradients is not None:
-            for p, has in zip(self.trained, program.gradients):
-                p.grad = self.gradients.buffer(p) if has else None
-
     def clear(self) -> None:
         """Forget every program: the next windows run eagerly and are captured afresh."""
         self.programs.clear()
-        self.batch_programs.clear()
         self.reach_weights.clear()
         self.trained, self._pointers = [], []
 

@@ -270,11 +270,8 @@ class StepPrograms:
         assert self.scaler is not None, "called for a step with a scaler only"
         self.scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
-    def step(self, handlers: Sequence[StepHandler], skip: torch.Tensor | None = None) -> tuple[list, Any]:
+    def step(self, handlers: Sequence[StepHandler]) -> tuple[list, Any]:
         """The step's second part: the device parts of ``handlers``, the optimizer's step, the scale's update.
-
-        ``skip``: what the optimizer is handed as ``found_inf`` instead of the decision (a batch program's step
-        without targets is skipped so, without counting as refused); without a scaler only.
 
         Returns:
             The handlers' outputs, in order (each given one dict, shared by the step's handlers: a norm computed
@@ -284,8 +281,8 @@ class StepPrograms:
         optimizer, scaler = self.optimizer, self.scaler
         shared: dict = {}
         outputs = [handler.device_part(shared) for handler in handlers]
-        # Without a scaler, the optimizer skips itself on the device where the decision (or ``skip``) is 1.0.
-        found = None if scaler is not None else skip if skip is not None else self.found
+        # Without a scaler, the optimizer skips itself on the device where the decision is 1.0.
+        found = None if scaler is not None else self.found
         groups = optimizer.param_groups
         rates = [group["lr"] for group in groups]
         for group, lr in zip(groups, self.lrs):

@@ -64,7 +64,6 @@ __all__ = [
     "SwappedWeights",
     "reach_of",
     "rnn_weights_kept",
-    "masked_by_count",
 ]
 
 _RANDOM = (
@@ -423,7 +422,7 @@ class SweepProgram:
             grads = [None] * len(leaves)
             for i, (root, count) in enumerate(zip(roots, counts)):
                 call_grads = torch.autograd.grad(root, leaves, retain_graph=i < len(roots) - 1, allow_unused=True)
-                grads = _added(grads, masked_by_count(call_grads, count))
+                grads = _added(grads, _masked_by_count(call_grads, count))
         total: list[torch.Tensor | None] = grads[:n]
         for j in range(len(self.pieces) - 1, -1, -1):
             total = _added(total, grads[n + j * n : n + (j + 1) * n])
@@ -435,7 +434,7 @@ def _added(so_far: Sequence[torch.Tensor | None], more: Sequence[torch.Tensor | 
     return [b if a is None else a if b is None else a + b for a, b in zip(so_far, more)]
 
 
-def masked_by_count(grads: Sequence[torch.Tensor | None], count: torch.Tensor) -> list[torch.Tensor | None]:
+def _masked_by_count(grads: Sequence[torch.Tensor | None], count: torch.Tensor) -> list[torch.Tensor | None]:
     """A call's gradients where ``count`` (its targets, a 0-dim tensor on the device) is positive, else zeros.
 
     A call without targets has the mean 0 / 0 and must add no gradient, as an eager segment without targets runs no

@@ -24,7 +24,6 @@ from ignite_tbptt import (
     create_tbptt_trainer,
 )
 from ignite_tbptt.runtime import model_call
-from ignite_tbptt.runtime.programs import batch as batch_programs
 from ignite_tbptt.runtime.programs import executor as program_executor
 from ignite_tbptt.runtime.programs import sweep as sweep_programs
 
@@ -81,22 +80,15 @@ def train(
 
 @contextlib.contextmanager
 def counting_programs():
-    """The windows programs ran in the block, one entry per window, in order: its window, reaching or batch program."""
+    """The windows programs ran in the block, one entry per window (one program each), in order."""
     runs = []
-    batch, reaching = batch_programs.BatchProgram.__call__, sweep_programs.SweepProgram.__call__
+    reaching = sweep_programs.SweepProgram.__call__
 
     def counted_reaching(self, *args):
         runs.append(self)
         return reaching(self, *args)
 
-    def counted_batch(self, *args):
-        runs.extend([self] * len(self.windows))
-        return batch(self, *args)
-
-    with (
-        mock.patch.object(sweep_programs.SweepProgram, "__call__", counted_reaching),
-        mock.patch.object(batch_programs.BatchProgram, "__call__", counted_batch),
-    ):
+    with mock.patch.object(sweep_programs.SweepProgram, "__call__", counted_reaching):
         yield runs
 
 
@@ -437,12 +429,12 @@ class KeepsItsState(nn.Module):
         return self.out(torch.stack(outputs))
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["window programs", "batch programs (fused Adam)"])
+@pytest.mark.parametrize("fused", [False, True], ids=["Adam", "fused Adam (step programs)"])
 @pytest.mark.parametrize("starts", [False, True], ids=["one stream", "sequence starts at windows' first steps"])
 def test_state_kept_in_the_models_attributes(device, starts, fused):
     # The attribute is written from the program's static buffers and read back from the model after the call; at
     # a sequence start the trainer's reset zeroes the column's state in the tree the program copies in. With a fused
-    # optimizer the rest of each batch is one program, the attribute carried from window to window inside it.
+    # optimizer each step runs as a step program between two window programs.
     data = with_window_starts(batches()) if starts else batches()
 
     def adam(params):
@@ -458,7 +450,7 @@ def test_state_kept_in_the_models_attributes(device, starts, fused):
     # 5 windows a batch, 8 batches, a stream an epoch: each stream's first window and the run's second run eagerly,
     # the others as programs (the starts fall at windows' first steps, which a program resets as a mask).
     assert len(runs) == 40 - 2 - 1
-    assert all(isinstance(r, batch_programs.BatchProgram) for r in runs) is fused
+    assert all(isinstance(r, sweep_programs.SweepProgram) for r in runs)
     assert_same_parameters(eager, graphed_params, device)
 
 
@@ -499,11 +491,12 @@ def test_a_target_count_on_the_device_normalises_as_the_eager_trainer_does(devic
     assert trainer.state.output == pytest.approx(eager_trainer.state.output, rel=1e-12)
     # The count matters: normalising by every step instead gives other parameters (cross_entropy's own mean, whose
     # gradient is zero where it has no targets: the window of padding takes a step of zero gradients).
-    uncounted, _, _ = train(True, data, **{**options, "target_count_fn": None, "loss": loss_fn})
+    with pytest.warns(UserWarning, match="target_count_fn is None"):  # the padding named, as it is counted
+        uncounted, _, _ = train(True, data, **{**options, "target_count_fn": None, "loss": loss_fn})
     assert not all(torch.equal(p, q) for p, q in zip(eager.parameters(), uncounted.parameters()))
 
 
-@pytest.mark.parametrize("fused", [False, True], ids=["window programs", "batch programs (fused Adam)"])
+@pytest.mark.parametrize("fused", [False, True], ids=["Adam", "fused Adam (step programs)"])
 def test_snntorch_neurons_keeping_their_membranes_in_attributes(device, fused):
     # The spiking example's network: snnTorch's Leaky(init_hidden=True) neurons, their membranes named by
     # module_state. The heaviside spike and its surrogate gradient run in the program as in an eager call. In float32:
@@ -530,7 +523,7 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device, fused):
     with counting_programs() as runs:
         graphed_params = trained(True)
     assert len(runs) == 40 - 2 - 1  # 5 windows a batch, 4 batches, 2 epochs of one stream each
-    assert all(isinstance(r, batch_programs.BatchProgram) for r in runs) is fused
+    assert all(isinstance(r, sweep_programs.SweepProgram) for r in runs)
     assert_same_parameters(eager, graphed_params, device, rtol=1e-5, atol=1e-6)  # captured kernels: float32
 
 
@@ -564,39 +557,6 @@ def test_each_window_run_eagerly_is_counted_with_its_reason(device):
     assert counts.eager == {"checks": 3, "batch_ends_inside": 6}
     assert counts.eager_windows == 9 and runs == 2 * 19 - 9
     assert counts.as_dict()["eager/batch_ends_inside"] == 6
-
-
-def _listening(trainer):
-    trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda engine: None)
-
-
-def _fused(params):
-    return torch.optim.SGD(params, lr=0.1, momentum=0.9, fused=True)
-
-
-WINDOW_BY_WINDOW = {
-    "one batch program a batch": ({"optimizer": _fused}, {}),
-    "an unfused optimizer": ({}, {"step": 8}),
-    "a handler on a window's event": ({"optimizer": _fused, "handlers": [_listening]}, {"handlers": 8}),
-    "k2 > k1": ({"optimizer": _fused, "k2": 10}, {"retained": 8}),
-    "predictions kept": (
-        {"optimizer": _fused, "output_transform": lambda x, y, y_pred, loss: y_pred},
-        {"predictions": 8},
-    ),
-}
-
-
-@pytest.mark.parametrize("case", WINDOW_BY_WINDOW)
-def test_each_batch_run_window_by_window_is_counted_with_its_reason(case):
-    # 8 batches of 25 steps at k1 = 5, each a stream of its own: its first window runs eagerly (no state yet; the
-    # run's second too, which checks the returned state's cut), and at the next boundary the rest of the batch runs as
-    # one batch program where the engine allows it (3 windows, then 4 a batch), or window by window, counted once a
-    # batch with the first thing the engine lacks.
-    options, expected = WINDOW_BY_WINDOW[case]
-    with counting_programs() as runs:
-        _, trainer, _ = train(True, batches(), **options)
-    assert trainer.state.programs.window_by_window == expected
-    assert sum(isinstance(run, batch_programs.BatchProgram) for run in runs) == (0 if expected else 3 + 7 * 4)
 
 
 @pytest.mark.parametrize("k2", [5, 10], ids=["window programs", "sweep programs"])

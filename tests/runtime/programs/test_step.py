@@ -15,7 +15,6 @@ from ignite.engine import Events
 from ignite.handlers import LRScheduler, PiecewiseLinear, create_lr_scheduler_with_warmup
 
 from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
-from ignite_tbptt.runtime.programs import batch as batch_programs
 from ignite_tbptt.runtime.programs import step as step_programs
 from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError
 
@@ -39,22 +38,15 @@ def fused_adamw(params):
 
 @contextlib.contextmanager
 def counting_steps():
-    """The optimizer steps programs took inside the block, one entry per step: its step or batch program."""
+    """The optimizer steps programs took inside the block, one entry per step: its step program."""
     runs = []
-    step, batch = step_programs.StepProgram.step, batch_programs.BatchProgram.__call__
+    step = step_programs.StepProgram.step
 
     def counted(self):
         runs.append(self)
         return step(self)
 
-    def counted_batch(self, *args):
-        runs.extend([self] * sum(w.step is not None for w in self.windows))
-        return batch(self, *args)
-
-    with (
-        mock.patch.object(step_programs.StepProgram, "step", counted),
-        mock.patch.object(batch_programs.BatchProgram, "__call__", counted_batch),
-    ):
+    with mock.patch.object(step_programs.StepProgram, "step", counted):
         yield runs
 
 
@@ -92,10 +84,8 @@ def test_fused_optimizers_step_inside_the_program(device, make, accumulation):
         == eager_trainer.state.optimizer_step
         == (40 if accumulation == 1 else 14)
     )
-    # One step program served the steps of each stream's first windows; batch programs the rest of each batch
-    # (test_batch.py).
-    kinds = {type(p).__name__: len({id(q) for q in steps if type(q) is type(p)}) for p in steps}
-    assert kinds["StepProgram"] == 1 and kinds["BatchProgram"] >= 1
+    # One step program served every step: a step's shape does not change with its windows.
+    assert len({id(p) for p in steps}) == 1
 
 
 def test_an_optimizer_that_cannot_skip_on_the_device_steps_eagerly(device):
