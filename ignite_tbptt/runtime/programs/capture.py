@@ -1,11 +1,14 @@
 """A program: a body of tensor operations on static buffers, run eagerly or captured once in a CUDA graph and replayed.
 
 Sweep and step programs (:mod:`~ignite_tbptt.runtime.programs.sweep`, :mod:`~ignite_tbptt.runtime.programs.step`)
-are bodies of this kind: they read their inputs from buffers written
-before each run and leave their results in tensors read right after it. Uncaptured, a :class:`Program` runs
-its body every time, on any device: the same operations on the same buffers, which is how programs are tested on
-the CPU. Captured, it runs its body eagerly ``warmup`` times on a side stream (what a captured body needs must exist
-before capture: an optimizer's state, cuDNN's workspaces), is captured once, and is replayed after.
+are bodies of this kind: they read their inputs from buffers written before each run and leave their results in
+tensors read right after it. Uncaptured, a :class:`Program` runs its body every time, on any device: the same
+operations on the same buffers, which is how programs are tested on the CPU. Captured, it runs its body eagerly
+``warmup`` times on a side stream (what a captured body needs must exist before capture: an optimizer's state,
+cuDNN's workspaces), is captured once, and is replayed after. Warm-up and capture run on streams of the programs'
+own device, made for it (torch's default capture stream is made once per process, on whichever device captured
+first), and a capture is checked against this thread only (``capture_error_mode="thread_local"``): a data loader's
+thread that touches CUDA meanwhile does not invalidate it.
 
 Every graph of a trainer shares one memory pool (:class:`GraphCapture`): no two run at once, and each graph's
 outputs are read before the next replay, so one graph's temporaries may reuse another's memory. What must outlive a
@@ -18,6 +21,7 @@ inputs copied in, outputs read after ``replay()``; "Graph memory management": gr
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -45,16 +49,36 @@ class GraphCapture:
     def __init__(self, warmup: int = 3) -> None:
         self.warmup = warmup
         self._pool: Any = None
-        self._side: Any = None
+        # The warm-up's and the capture's streams, by device: a stream belongs to the device it was made on.
+        self._side: dict[Any, Any] = {}
+        self._capture: dict[Any, Any] = {}
         #: How the programs ran: captures, replays and warm-up runs counted here.
         self.counts = ProgramCounts()
         #: The device the programs' parameters are on (set as they are read): warm-up, capture and replay run with
         #: it current, as a model on ``cuda:1`` needs, whatever device the process has current.
         self.device: torch.device | None = None
-        #: Capture with torch's liveness tracker (``torch.cuda.graph(check_input_liveness=True)``, torch >= 2.13):
-        #: a replay raises where an input the graph reads was freed since. For tests and debugging: it costs a
-        #: check per replay.
-        self.check_input_liveness = False
+        self._check_input_liveness = False
+
+    @property
+    def check_input_liveness(self) -> bool:
+        """Capture with torch's liveness tracker (``torch.cuda.graph(check_input_liveness=True)``, torch >= 2.13).
+
+        A replay then raises where an input the graph reads was freed since. For tests and debugging: it costs a check
+        per replay.
+
+        Raises:
+            RuntimeError: set to True on a torch without the tracker (before 2.13).
+        """
+        return self._check_input_liveness
+
+    @check_input_liveness.setter
+    def check_input_liveness(self, check: bool) -> None:
+        if check and "check_input_liveness" not in inspect.signature(torch.cuda.graph).parameters:
+            raise RuntimeError(
+                "check_input_liveness needs torch 2.13 or later (torch.cuda.graph(check_input_liveness=True)); this "
+                f"is torch {torch.__version__}. Upgrade torch, or capture without the check."
+            )
+        self._check_input_liveness = check
 
     def on_device(self) -> AbstractContextManager:
         """The programs' CUDA device made current, for a warm-up, a capture or a replay."""
@@ -67,13 +91,19 @@ class GraphCapture:
         """Run ``body`` eagerly on a side stream of the programs' device, as warm-up before capture must."""
         with self.on_device():
             current = torch.cuda.current_stream()
-            if self._side is None:
-                self._side = torch.cuda.Stream()
-            self._side.wait_stream(current)
-            with torch.cuda.stream(self._side):
+            side = self._stream(self._side)
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
                 result = body()
-            current.wait_stream(self._side)
+            current.wait_stream(side)
         return result
+
+    def _stream(self, streams: dict[Any, Any]) -> Any:
+        # The current device's stream of ``streams``, made on it the first time (on_device() made it current).
+        device = torch.cuda.current_device()
+        if device not in streams:
+            streams[device] = torch.cuda.Stream()
+        return streams[device]
 
     def captured(self, body: Callable[[], Any], what: str) -> tuple[Any, Any]:
         """Capture ``body`` in a CUDA graph (nothing runs); the graph and its static outputs.
@@ -89,7 +119,10 @@ class GraphCapture:
             with self.on_device():
                 graph = torch.cuda.CUDAGraph()
                 checked: dict[str, Any] = {"check_input_liveness": True} if self.check_input_liveness else {}
-                with torch.cuda.graph(graph, pool=self._pool, **checked):
+                stream = self._stream(self._capture)
+                with torch.cuda.graph(
+                    graph, pool=self._pool, stream=stream, capture_error_mode="thread_local", **checked
+                ):
                     outputs = body()
         except RuntimeError as error:
             raise GraphCaptureError(

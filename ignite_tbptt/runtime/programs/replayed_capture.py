@@ -5,7 +5,8 @@ that launched them does not run again. A program that is right only because its 
 captured, and running it uncaptured (``cuda_graphs="uncaptured"``) cannot show it. Three kinds of fault hide there:
 
 - a read of a device value on the host inside the program (``.item()``, ``int()``, ``bool()``, ``if tensor:``,
-  ``nonzero()``, a shape made from data), which a capture refuses;
+  ``nonzero()``, a shape made from data, ``.tolist()``, ``.cpu()``, ``.numpy()``, a copy between devices), which a
+  capture refuses;
 - a Python value read at capture that changes later (a learning rate, a count): the graph keeps the one it saw;
 - a tensor the graph reads that its owner has freed, or moved (``p.data = ...``, an optimizer's state reset): the
   graph reads whatever memory is there now.
@@ -21,6 +22,15 @@ kept alive by the recording. A replay runs the recorded operators again, below a
 writes each result into the tensor the capture made (a graph writes the same addresses): no Python of the program
 runs, so a value read at capture stays as captured. An external input freed, moved or resized since the capture is
 a :class:`GraphReplayError` naming it.
+
+A value baked at capture is caught where the program's Python makes it, as ``torch.compile``'s guards catch what its
+graphs assumed: every warm-up run after a program's first is outlined (each operator, the shapes and dtypes of its
+tensors, its other arguments, the value of each tensor made from host data), and the capture compares its run with
+the run before it, operator by operator. An operator, a shape, a Python number or a constant tensor that differs is
+a :class:`~ignite_tbptt.runtime.programs.capture.GraphCaptureError` naming the operator and the line, raised before
+the capture's run adds anything: a replay would use the capture's value in every later window. A program's first run
+is not compared (it may make what later runs find, an optimizer's state say), so the check needs two warm-up runs; the
+default has three.
 
 The capture's own run is the program's first run (a CUDA capture runs nothing, and the replay that follows it runs
 the program): the first :meth:`RecordedGraph.replay` after a capture runs nothing again. What cannot be seen here:
@@ -38,10 +48,11 @@ import itertools
 import traceback
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -66,6 +77,12 @@ HOST_READS: dict[Any, str] = {
 }
 _INDEXING = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
 _CONSTANTS = {aten.lift_fresh}  # a tensor made from Python data in the program: its value is the capture's
+#: Tensor methods that hand a tensor's values to the host without an operator the dispatcher sees on the CPU.
+_TO_HOST = {
+    torch.Tensor.tolist: "hands its values to the host (.tolist())",
+    torch.Tensor.numpy: "hands its values to the host (.numpy())",
+    torch.Tensor.cpu: "copies it to the host (.cpu())",
+}
 
 
 class GraphReplayError(RuntimeError):
@@ -115,6 +132,67 @@ class _Op:
     outputs: list  # per output: the tensor its result is written into, or None where it aliases an input
 
 
+@dataclass
+class _Outline:
+    """What a program's run did, operator by operator: what a capture's run is compared with."""
+
+    #: Each operator and the plain form of its arguments (:func:`_plain`).
+    ops: list[tuple[Any, Any]] = field(default_factory=list)
+    #: The value of each tensor made from host data (``torch.tensor(...)``), in order.
+    constants: list[torch.Tensor] = field(default_factory=list)
+
+
+def _plain(value: Any) -> Any:
+    """An operator's argument as the run's outline keeps it: a tensor by its shape and dtype, a number by its value."""
+    if isinstance(value, torch.Tensor):
+        return ("a", "x".join(map(str, value.shape)) or "0-dim", str(value.dtype).removeprefix("torch."), "tensor")
+    if isinstance(value, (list, tuple)):
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, float):
+        return ("=", repr(value))  # NaN equal to NaN
+    if value is None or isinstance(value, _PLAIN):
+        return value
+    return ("a", type(value).__name__)  # an object (a profiler's record, a generator): compared by its kind only
+
+
+_PLAIN = (bool, int, complex, str, torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class _Outlining(TorchDispatchMode):
+    """Runs each operator and outlines it (:class:`_Outline`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.outline = _Outline()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        self.outline.ops.append((func, _plain((args, kwargs))))
+        if func.overloadpacket in _CONSTANTS:
+            self.outline.constants.append(args[0].detach().clone())
+        return func(*args, **kwargs)
+
+
+def _differs(now: Any, before: Any) -> str:
+    """How an operator's arguments differ from the run before's, in words."""
+    (args, kwargs), (old_args, old_kwargs) = now, before
+    named = [*(f"argument {i}" for i in range(len(args))), *(f"argument {k!r}" for k in kwargs)]
+    for name, a, b in zip(named, (*args, *kwargs.values()), (*old_args, *old_kwargs.values())):
+        if a != b:
+            return f"its {name} is {_spoken(a)} where the run before gave {_spoken(b)}"
+    return "its arguments differ from the run before's"
+
+
+def _spoken(plain: Any) -> str:
+    if isinstance(plain, tuple) and plain[:1] == ("a",):
+        return " ".join(plain)
+    return plain[1] if isinstance(plain, tuple) and plain[:1] == ("=",) else repr(plain)
+
+
 def _storage(t: torch.Tensor) -> Any:
     return t.untyped_storage()
 
@@ -142,9 +220,10 @@ def _describe(t: torch.Tensor, func: Any, position: int, names: dict[int, str]) 
 class _Recording(TorchDispatchMode):
     """Runs and records each operator; refuses those a capture refuses (:data:`HOST_READS`)."""
 
-    def __init__(self, what: str, names: dict[int, str]) -> None:
+    def __init__(self, what: str, names: dict[int, str], before: _Outline | None = None) -> None:
         super().__init__()
-        self.what, self.names = what, names
+        self.what, self.names, self.before = what, names, before
+        self._constants = 0  # the constants seen so far, to compare with the run before's
         self.ops: list[_Op] = []
         self.externals: list[_External] = []
         self._external_at: dict[int, int] = {}  # storage pointer -> index in externals
@@ -159,11 +238,56 @@ class _Recording(TorchDispatchMode):
             "multiplied in), or pass cuda_graphs=False."
         )
 
+    def _baked(self, func: Any, why: str) -> None:
+        raise GraphCaptureError(
+            f"{self.what} could not be captured: operator {len(self.ops)} of its run, {func}, called at {_caller()}, "
+            f"{why}. A replay runs no Python: the value its capture saw would be used in every later window. Pass what "
+            "changes between windows as a tensor written before the run (a buffer, a 0-dim tensor updated in place), "
+            "keep it fixed, or pass cuda_graphs=False."
+        )
+
+    def _compare(self, func: Any, args: tuple, kwargs: dict) -> None:
+        # The capture's run against the run before it, operator by operator: what differs would be baked.
+        before, i = self.before, len(self.ops)
+        assert before is not None, "compared only with an outline"
+        if i >= len(before.ops):
+            self._baked(func, f"is one more than the run before ran ({len(before.ops)} operators)")
+        old_func, old_args = before.ops[i]
+        if func is not old_func:
+            self._baked(func, f"differs from the run before's operator there, {old_func}")
+        plain = _plain((args, kwargs))
+        if plain != old_args:
+            self._baked(func, _differs(plain, old_args))
+        if func.overloadpacket in _CONSTANTS:
+            old, self._constants = before.constants[self._constants], self._constants + 1
+            if not torch.equal(args[0], old):
+                self._baked(
+                    func, "makes a tensor from host data (torch.tensor(...)) whose values differ from the run before's"
+                )
+
+    def finish(self) -> None:
+        """The capture's run is over: it must have run as many operators as the run before.
+
+        Raises:
+            GraphCaptureError: if it ran fewer.
+        """
+        if self.before is not None and len(self.ops) < len(self.before.ops):
+            func = self.before.ops[len(self.ops)][0]
+            raise GraphCaptureError(
+                f"{self.what} could not be captured: its run ended after {len(self.ops)} operators, where the run "
+                f"before went on with {func}: a replay would run the capture's course every later window. Pass what "
+                "decides the course as a tensor (torch.where), or pass cuda_graphs=False."
+            )
+
     def _check(self, func: Any, args: tuple, kwargs: dict) -> None:
         packet = func.overloadpacket
         why = HOST_READS.get(packet)
         if why is not None:
             self._refuse(func, why)
+        if packet is aten._to_copy and "device" in kwargs and args and kwargs["device"] != args[0].device:
+            self._refuse(func, f"copies a tensor from {args[0].device} to {kwargs['device']}")
+        if packet is aten.copy_ and len(args) > 1 and args[0].device != args[1].device:
+            self._refuse(func, f"copies a tensor from {args[1].device} to {args[0].device}")
         if packet in _INDEXING:
             indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
             if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()):
@@ -197,6 +321,8 @@ class _Recording(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         self._check(func, args, kwargs)
+        if self.before is not None:
+            self._compare(func, args, kwargs)
         constant = func.overloadpacket in _CONSTANTS
         inputs: set[int] = set()
         position = itertools.count()
@@ -218,6 +344,20 @@ class _Recording(TorchDispatchMode):
                 outputs.append(t.detach())
         self.ops.append(_Op(func, recorded_args, recorded_kwargs, outputs))
         return out
+
+
+class _HostCalls(TorchFunctionMode):
+    """Refuses the tensor methods that hand values to the host unseen by the dispatcher (:data:`_TO_HOST`)."""
+
+    def __init__(self, recording: _Recording) -> None:
+        super().__init__()
+        self.recording = recording
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        why = _TO_HOST.get(func)
+        if why is not None:
+            self.recording._refuse(func.__name__, why)
+        return func(*args, **(kwargs or {}))
 
 
 @dataclass
@@ -334,23 +474,36 @@ class ReplayedCapture(GraphCapture):
     def __init__(self, warmup: int = 3, names: Callable[[], dict[int, str]] | None = None) -> None:
         super().__init__(warmup)
         self._namers = [names] if names is not None else []
+        # Each program's body, once it ran: the outline of its last warm-up run after its first.
+        self._outlines: weakref.WeakKeyDictionary[Any, _Outline | None] = weakref.WeakKeyDictionary()
 
     def name(self, names: Callable[[], dict[int, str]]) -> None:
         """Also name the tensors ``names()`` gives, by storage pointer, in the errors (the model's, the optimizer's)."""
         self._namers.append(names)
 
     def on_side_stream(self, body: Callable[[], Any]) -> Any:
-        """Run ``body`` eagerly: a warm-up run, on the one stream there is."""
-        return body()
+        """Run ``body`` eagerly: a warm-up run, on the one stream there is; outlined after the program's first run."""
+        if body not in self._outlines:  # its first run: it may make what later runs find
+            self._outlines[body] = None
+            return body()
+        outlining = _Outlining()
+        with outlining:
+            result = body()
+        self._outlines[body] = outlining.outline
+        return result
 
     def captured(self, body: Callable[[], Any], what: str) -> tuple[Any, Any]:
         """Run ``body`` once, recording it; the recorded graph and the outputs it writes.
 
         Raises:
-            GraphCaptureError: if ``body`` reads a value back to the host or makes a shape from data.
+            GraphCaptureError: if ``body`` reads a value back to the host, makes a shape from data or copies between
+                devices; or if its run differs from the outlined warm-up run before it (an operator, a shape, a Python
+                number or a tensor made from host data): a value that would be baked at capture.
         """
-        recording = _Recording(what, {k: v for names in self._namers for k, v in names().items()})
-        with recording:
+        before = self._outlines.pop(body, None)
+        recording = _Recording(what, {k: v for names in self._namers for k, v in names().items()}, before)
+        with _HostCalls(recording), recording:
             outputs = body()
+        recording.finish()
         self.counts.captures += 1
         return RecordedGraph(recording.ops, recording.externals, list(recording._uses.values()), what), outputs

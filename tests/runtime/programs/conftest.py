@@ -40,9 +40,10 @@ def _in_mode(mode, monkeypatch):
 
         monkeypatch.setattr(GraphCapture, "__init__", checked)
     elif mode == "replayed":
-        # One warm-up run rather than CUDA's three: the tests' short runs capture, and replay, each program they make.
+        # Two warm-up runs rather than CUDA's three: the tests' short runs capture, and replay, each program they make,
+        # and each capture is compared with the run before it (a value that would be baked is refused).
         init = ReplayedCapture.__init__
-        monkeypatch.setattr(ReplayedCapture, "__init__", lambda self, warmup=3, names=None: init(self, 1, names))
+        monkeypatch.setattr(ReplayedCapture, "__init__", lambda self, warmup=3, names=None: init(self, 2, names))
     pm.set_mode(mode)
     yield mode
     pm.set_mode("uncaptured")

@@ -38,10 +38,11 @@ def stream(lengths, start_rate, padding_rate, seed):
 
 
 @contextlib.contextmanager
-def one_warmup():
-    # One warm-up run rather than CUDA's three, so that the short runs capture and replay their programs.
+def two_warmups():
+    # Two warm-up runs rather than CUDA's three, so that the short runs capture and replay their programs, each capture
+    # compared with the run before it.
     init = ReplayedCapture.__init__
-    with mock.patch.object(ReplayedCapture, "__init__", lambda self, warmup=3, names=None: init(self, 1, names)):
+    with mock.patch.object(ReplayedCapture, "__init__", lambda self, warmup=3, names=None: init(self, 2, names)):
         yield
 
 
@@ -64,7 +65,7 @@ def train(cuda_graphs, data, k1, k2, accumulation, cell, optimizer, counted):
         cuda_graphs=cuda_graphs,
         **options,
     )
-    with one_warmup():
+    with two_warmups():
         trainer.run(data, max_epochs=1)
     return [p.detach().clone() for p in model.parameters()], trainer
 

@@ -69,12 +69,13 @@ def train(cuda_graphs, data, loss=loss_fn, handlers=(), **options):
     return [p.detach().clone() for p in model.parameters()], trainer
 
 
-def test_a_python_value_read_at_capture_stays_as_captured():
+def test_a_python_value_that_changes_between_runs_is_refused_at_capture_before_anything_is_trained_on_it():
     # A loss weighted by a Python float that a handler changes after every window: the uncaptured programs read the
-    # new value each window, as the eager trainer does; a graph keeps the value it saw at capture.
+    # new value each window, as the eager trainer does; a graph would keep the value it saw at capture. The capture's
+    # run is compared with the warm-up run before it, and the float that differs is named with its operator and line.
     def weighted(factor):
         def loss(y_pred, y):
-            return loss_fn(y_pred, y) * factor[0]
+            return loss_fn(y_pred, y) * factor[0]  # the baked value
 
         def attach(trainer):
             trainer.add_event_handler(TBPTTEvents.WINDOW_COMPLETED, lambda _: factor.__setitem__(0, factor[0] * 0.97))
@@ -82,12 +83,87 @@ def test_a_python_value_read_at_capture_stays_as_captured():
         return loss, attach
 
     results = {}
-    for mode in (False, "uncaptured", "replayed"):
+    for mode in (False, "uncaptured"):
         loss, attach = weighted([1.0])
         results[mode], trainer = train(mode, batches(), loss, [attach])
     assert all(torch.equal(a, b) for a, b in zip(results[False], results["uncaptured"]))
-    assert max((a - b).abs().max().item() for a, b in zip(results[False], results["replayed"])) > 1e-4
+    loss, attach = weighted([1.0])
+    with pytest.raises(GraphCaptureError, match=r"aten\.mul\.Tensor, called at .*test_replayed_capture\.py:\d+ "
+                       r"\(return loss_fn\(y_pred, y\) \* factor\[0\].*\), its argument 1 is 0\.8\d+ where the run "
+                       r"before gave 0\.8\d+\. A replay runs no Python"):  # fmt: skip
+        train("replayed", batches(), loss, [attach])
+    # The same float held fixed is captured and replayed: only a value that changes is refused.
+    fixed, _ = weighted([0.5])
+    eager, _ = train(False, batches(), fixed)
+    replayed, trainer = train("replayed", batches(), fixed)
+    assert all(torch.equal(a, b) for a, b in zip(eager, replayed))
     assert trainer._process_function.loop.executor.graphs.counts.replays > 0
+
+
+def counter_program(body_of_run, warmup=2):
+    """A program whose body is ``body_of_run(run)``, the run counted from 0 in Python: what a graph would bake."""
+    runs = iter(range(100))
+    return Program(lambda: body_of_run(next(runs)), ReplayedCapture(warmup=warmup), "the window")
+
+
+@pytest.mark.parametrize(
+    "body_of_run,message",
+    [
+        (lambda run: torch.ones(3) * (1.0 + run), r"aten\.mul\.Tensor.*its argument 1 is 3\.0 where the run before "
+         r"gave 2\.0"),
+        (lambda run: torch.ones(2 + run).sum(), r"aten\.ones\.default.*its argument 0 is \(4,\) where the run before "
+         r"gave \(3,\)"),
+        (lambda run: torch.ones(3).add(torch.tensor([float(run)])), r"aten\.lift_fresh\.default.*torch\.tensor"),
+        (lambda run: torch.ones(3).exp() if run < 2 else torch.ones(3).sin(), r"aten\.sin\.default.*differs from the "
+         r"run before's operator there, aten\.exp\.default"),
+        (lambda run: torch.ones(3).exp().sin() if run < 2 else torch.ones(3).exp(), r"ended after 2 operators, where "
+         r"the run before went on with aten\.sin\.default"),
+    ],
+    ids=["a Python float", "a shape", "a tensor made from host data", "another operator", "fewer operators"],
+)  # fmt: skip
+def test_a_capture_that_differs_from_the_run_before_names_what_would_be_baked(body_of_run, message):
+    program = counter_program(body_of_run)
+    program()  # the first run, not compared: it may make what later runs find
+    program()  # outlined
+    with pytest.raises(GraphCaptureError, match=message):
+        program()
+
+
+def test_a_programs_first_run_is_not_compared_so_state_it_makes_is_no_fault():
+    # An optimizer's state, made at its first step: the first run has operators the later ones do not.
+    state = {}
+
+    def step(run):
+        if "momentum" not in state:
+            state["momentum"] = torch.zeros(3)
+        return state["momentum"].add_(1.0).clone()
+
+    program = counter_program(step)
+    outputs = [program()[0].clone() for _ in range(5)]  # two warm-ups, the capture, two replays
+    assert [o.tolist() for o in outputs] == [[float(i)] * 3 for i in range(1, 6)]
+    # With a single warm-up run, its first, nothing is compared.
+    program = counter_program(lambda run: torch.ones(3) * (1.0 + run), warmup=1)
+    program(), program()
+
+
+@pytest.mark.parametrize(
+    "read",
+    [lambda t: torch.tensor(t.tolist()), lambda t: torch.from_numpy(t.numpy()), lambda t: t.cpu() * 2],
+    ids=[".tolist()", ".numpy()", ".cpu()"],
+)
+def test_values_handed_to_the_host_are_refused_at_capture_as_a_cuda_capture_refuses_them(read):
+    t = torch.randn(3)
+    program = Program(lambda: read(t), ReplayedCapture(warmup=1), "the window")
+    program()
+    with pytest.raises(GraphCaptureError, match=r"the window could not be captured: \w+ (hands|copies)"):
+        program()
+
+
+def test_a_copy_between_devices_is_refused_at_capture():
+    program = Program(lambda: torch.ones(3).to("meta"), ReplayedCapture(warmup=1), "the window")
+    program()
+    with pytest.raises(GraphCaptureError, match=r"aten\._to_copy\.default copies a tensor from cpu to meta"):
+        program()
 
 
 def test_a_host_read_is_refused_at_capture_with_the_operator_and_the_line():
