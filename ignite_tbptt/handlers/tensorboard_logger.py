@@ -155,9 +155,9 @@ def attach_tensorboard(
     - ``loss_scale``: the ``GradScaler``'s scale, when the trainer has one;
     - ``k2``: the k2 an attached :class:`~ignite_tbptt.AdaptiveTruncation` has chosen;
     - ``programs/captures``, ``programs/replays``, ``programs/warmups``, ``programs/eager_windows``,
-      ``programs/evictions`` and ``programs/eager/<reason>``: with ``cuda_graphs``, how the windows and steps ran so
-      far (``engine.state.programs``, :class:`~ignite_tbptt.runtime.ProgramCounts`; the reasons are
-      :class:`~ignite_tbptt.planning.Eager`'s values);
+      ``programs/evictions``, ``programs/eager/<reason>`` and ``programs/<kind>/<count>``: with ``cuda_graphs``, how
+      the windows and steps ran so far (``engine.state.programs``, :class:`~ignite_tbptt.runtime.ProgramCounts`; the
+      reasons are :class:`~ignite_tbptt.planning.Eager`'s values, the kinds ``window`` and ``step``);
     - ``targets_per_second``: targets (tokens) processed per second of wall-clock time since the last log;
     - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
       peak resident set (where the platform reports it).

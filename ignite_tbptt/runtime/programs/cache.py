@@ -35,6 +35,15 @@ class ProgramCounts:
     evictions: int = 0
     #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.Eager`'s values), those with any.
     eager: dict[str, int] = field(default_factory=dict)
+    #: The warm-ups, captures and replays by kind of program (``"window"``: window and sweep programs, ``"step"``:
+    #: step programs), those with any: what a run on a GPU certifies is that each kind was captured and replayed.
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def ran(self, kind: str, how: str) -> None:
+        """A program of ``kind`` ran ``how`` (``"warmups"``, ``"captures"``, ``"replays"``): counted, and by kind."""
+        setattr(self, how, getattr(self, how) + 1)
+        by_kind = self.kinds.setdefault(kind, {})
+        by_kind[how] = by_kind.get(how, 0) + 1
 
     def ran_eagerly(self, reason: Eager) -> None:
         """A window runs segment by segment, for ``reason``."""
@@ -42,9 +51,10 @@ class ProgramCounts:
         self.eager[reason.value] = self.eager.get(reason.value, 0) + 1
 
     def as_dict(self) -> dict[str, int]:
-        """The counts by name; the reasons as ``eager/<reason>``."""
-        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "eager"}
-        return {**counts, **{f"eager/{reason}": n for reason, n in self.eager.items()}}
+        """The counts by name; the reasons as ``eager/<reason>``, the kinds' as ``<kind>/<count>``."""
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("eager", "kinds")}
+        by_kind = {f"{kind}/{how}": n for kind, ns in self.kinds.items() for how, n in ns.items()}
+        return {**counts, **{f"eager/{reason}": n for reason, n in self.eager.items()}, **by_kind}
 
 
 class ProgramCache:

@@ -133,7 +133,6 @@ class GraphCapture:
                 "random generator unusable in this process (later random draws fail with 'Offset increment outside "
                 "graph capture'): start a new process for the next run."
             ) from error
-        self.counts.captures += 1
         return graph, outputs
 
 
@@ -144,12 +143,14 @@ class Program:
         body: the operations, on buffers its owner writes before each run; returns the outputs.
         capture: the trainer's :class:`GraphCapture`, or ``None`` to run uncaptured.
         what: what the body is, for a capture's error.
+        kind: what its runs are counted as (:attr:`ProgramCounts.kinds
+            <ignite_tbptt.runtime.ProgramCounts.kinds>`): ``"window"`` or ``"step"``.
     """
 
-    __slots__ = ("body", "capture", "what", "runs", "graph", "outputs")
+    __slots__ = ("body", "capture", "what", "kind", "runs", "graph", "outputs")
 
-    def __init__(self, body: Callable[[], Any], capture: GraphCapture | None, what: str) -> None:
-        self.body, self.capture, self.what = body, capture, what
+    def __init__(self, body: Callable[[], Any], capture: GraphCapture | None, what: str, kind: str = "window") -> None:
+        self.body, self.capture, self.what, self.kind = body, capture, what, kind
         self.runs = 0  # eager runs so far (warm-up, under capture)
         self.graph: Any = None
         self.outputs: Any = None  # the captured run's static outputs
@@ -169,13 +170,14 @@ class Program:
             return self.body(), True
         if self.graph is None and self.runs < capture.warmup:
             self.runs += 1
-            capture.counts.warmups += 1
+            capture.counts.ran(self.kind, "warmups")
             return capture.on_side_stream(self.body), True
         if self.graph is None:
             self.graph, self.outputs = capture.captured(self.body, self.what)
+            capture.counts.ran(self.kind, "captures")
         with capture.on_device():
             self.graph.replay()
-        capture.counts.replays += 1
+        capture.counts.ran(self.kind, "replays")
         return self.outputs, False
 
 

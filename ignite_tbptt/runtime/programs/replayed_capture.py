@@ -505,5 +505,4 @@ class ReplayedCapture(GraphCapture):
         with _HostCalls(recording), recording:
             outputs = body()
         recording.finish()
-        self.counts.captures += 1
         return RecordedGraph(recording.ops, recording.externals, list(recording._uses.values()), what), outputs

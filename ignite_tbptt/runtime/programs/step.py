@@ -328,8 +328,8 @@ class StepProgram:
     ) -> None:
         self.programs, self.handlers, self.settings = programs, tuple(handlers), settings
         capture = programs.capture
-        self.before = Program(self._divide, capture, "the optimizer step") if split else None
-        self.after = Program(self._step if split else self._whole, capture, "the optimizer step")
+        self.before = Program(self._divide, capture, "the optimizer step", "step") if split else None
+        self.after = Program(self._step if split else self._whole, capture, "the optimizer step", "step")
         self._state: tuple | None = None  # where the optimizer's state tensors were as the step was captured
 
     def stale(self) -> bool:

@@ -31,9 +31,12 @@ def graphs(trainer):
     return trainer._process_function.loop.executor.graphs
 
 
-def assert_replayed(trainer):
-    """Where programs are captured (replayed on the CPU, CUDA graphs on a GPU), that some ran as replays."""
+def assert_replayed(trainer, *kinds):
+    """Where programs are captured (replayed on the CPU, CUDA graphs on a GPU), that programs of each of ``kinds``
+    (``"window"``, ``"step"``; by default the window programs) were captured and ran as replays."""
     capture = graphs(trainer)
     if mode() != "uncaptured":
-        counts = capture.counts
-        assert capture is not None and counts.captures > 0 and counts.replays > 0, "no program was replayed"
+        assert capture is not None, "no capture"
+        for kind in kinds or ("window",):
+            counts = capture.counts.kinds.get(kind, {})
+            assert counts.get("captures", 0) > 0 and counts.get("replays", 0) > 0, f"no {kind} program was replayed"

@@ -84,7 +84,10 @@ def test_warm_up_capture_and_replay_run_with_the_programs_device_current():
         ("replay", "cuda:1"),
     ]
     assert current == ["cuda:0"]  # given back
-    assert capture.counts.as_dict() == {"captures": 1, "replays": 2, "warmups": 1, "eager_windows": 0, "evictions": 0}
+    assert capture.counts.as_dict() == {
+        **{"captures": 1, "replays": 2, "warmups": 1, "eager_windows": 0, "evictions": 0},
+        **{"window/warmups": 1, "window/captures": 1, "window/replays": 2},
+    }
 
 
 def test_two_trainers_on_two_devices_capture_each_on_a_stream_of_its_own_device():

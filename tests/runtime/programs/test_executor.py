@@ -517,6 +517,8 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device, fused):
             model, optimizer, loss_fn, k1=5, carry_hidden=True, module_state=STATE, cuda_graphs=programs(cuda_graphs)
         )
         trainer.run(data, max_epochs=2)
+        if cuda_graphs:
+            assert_replayed(trainer, "window", *(["step"] if fused else []))
         return list(model.parameters())
 
     eager = trained(False)

@@ -62,8 +62,8 @@ def train(
         attach(trainer, model, optimizer)
     with counting_steps() as steps:
         trainer.run(data, max_epochs=epochs)
-    if cuda_graphs is True and replays:
-        assert_replayed(trainer)
+    if cuda_graphs is True and replays:  # the window programs, and the step programs where steps ran as programs
+        assert_replayed(trainer, "window", *(["step"] if steps else []))
     return model, trainer, steps
 
 
@@ -236,6 +236,7 @@ def test_a_step_with_non_finite_gradients_is_skipped_on_the_device_and_named_at_
     for p, q in zip(params["before"], model.parameters()):
         assert torch.equal(p, q)
     assert trainer.state.iteration == 4  # raised as the next iteration starts, as after a step refused eagerly
+    assert_replayed(trainer, "window", "step")  # the refused step was a replay's, not a warm-up's
 
 
 def test_gradients_stay_in_static_buffers_across_steps(device):
@@ -412,6 +413,8 @@ def test_a_scaler_that_skips_a_step_restarts_an_overflowed_hidden_state(device):
         )
         trainer.run(data, max_epochs=1)
         outputs[cuda_graphs] = (losses, [p.detach().clone() for p in model.parameters()])
+        if cuda_graphs:
+            assert_replayed(trainer, "window", "step")
     (a, ps), (b, qs) = outputs[False], outputs[True]
     assert a[2] == a[2] and a[3] == a[3]  # after the overflow the eager run learns on
     assert b == pytest.approx(a, nan_ok=True, rel=1e-6)

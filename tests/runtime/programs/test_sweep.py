@@ -14,6 +14,7 @@ from torch import nn
 from ignite_tbptt import GradientReach, count_targets, create_tbptt_trainer
 from ignite_tbptt.runtime.programs import sweep as sweep_programs
 
+from .program_mode import assert_replayed
 from .test_executor import (
     CharModel,
     KeepsItsState,
@@ -347,6 +348,7 @@ def test_resuming_mid_epoch_rebuilds_the_history_sweep_programs_recompute_from(t
     with counting_programs() as runs:
         trainer = assert_resume_is_bit_identical(tmp_path, build, make_batches([7, 12, 5, 9, 11]), 7, stopped=stopped)
     assert trainer.state.iteration == 15 and len(swept(runs)) > 40
+    assert_replayed(trainer, "window")  # the resumed run's programs replayed, reaching into the rebuilt history
 
 
 def test_predictions_of_every_call_reach_output_transform(device):
@@ -395,6 +397,8 @@ def test_the_main_jobs_lstm_with_k2_above_k1(device, k2):
         GradientClipping(model, max_norm=1.0).attach(trainer)  # inside the step program
         with counting_programs() as runs:
             trainer.run(data, max_epochs=1)
+        if cuda_graphs:
+            assert_replayed(trainer, "window", "step")
         return list(model.parameters()), trainer.state.output, runs
 
     eager, eager_output, _ = trained(False)
