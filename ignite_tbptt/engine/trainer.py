@@ -21,6 +21,7 @@ from ..runtime import (
     default_model_fn,
     default_reset_hidden,
     device_type_of,
+    own_dropout_state,
     refuse_own_dropout_state,
 )
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
@@ -141,6 +142,8 @@ def tbptt_training_step(
     device = o["device"]
     device_type = device_type_of(model, device)
     execution = _execution(o["cuda_graphs"], device_type)
+    if execution is Execution.CUDA_GRAPHS:
+        _refuse_captured_dropout_state(model)
     recompute = _recompute(o["recompute"], model, device_type, execution)
     scaler = _scaler(o["scaler"], device_type, o["autocast_dtype"])
     optimizer_step = _optimizer_step(optimizer, scaler, accumulation, execution)
@@ -202,6 +205,21 @@ def _execution(cuda_graphs: Any, device_type: str) -> Execution:
     else:
         raise ValueError(f"cuda_graphs must be True, False, 'uncaptured' or 'replayed', got {cuda_graphs!r}.")
     return execution
+
+
+def _refuse_captured_dropout_state(model: torch.nn.Module) -> None:
+    # cuDNN draws a recurrent module's dropout between layers from a state buffer of its own, which a graph captures
+    # by address; a reseed (torch.manual_seed, ignite's DeterministicEngine every epoch) makes cuDNN allocate a new one
+    # with a seed read on the host, so graphs captured before write into freed memory and the next capture fails.
+    names = own_dropout_state(model)
+    if names:
+        raise ValueError(
+            f"cuda_graphs=True would capture cuDNN's own dropout state of {', '.join(map(repr, names))} (recurrent "
+            "modules with dropout between their layers): a reseed (torch.manual_seed, deterministic=True every "
+            "epoch) replaces it, and the graphs captured before would write into freed memory. Use dropout=0 in "
+            "those modules (dropout of your own between single-layer modules is captured as any operator), or "
+            "cuda_graphs=False."
+        )
 
 
 def _recompute(recompute: Any, model: torch.nn.Module, device_type: str, execution: Execution) -> int | None:
@@ -349,7 +367,8 @@ def create_tbptt_trainer(
             start, without ``initial_state`` or ``model_fn``; during a run, a batch, ``model_fn``'s or
             ``loss_fn``'s result, or a hidden state the trainer cannot read, named by its path.
         ValueError: ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` not positive; ``optimizer``
-            without ``model``'s parameters; ``cuda_graphs`` unknown or what it needs missing
+            without ``model``'s parameters; ``cuda_graphs`` unknown or what it needs missing, or ``cuda_graphs=True``
+            with a recurrent module whose dropout between layers cuDNN draws from its own state
             (docs/howto/cuda-graphs.md); during a run, a batch that does not fit, before it changes anything;
             from ``load_state_dict``, a checkpoint of another configuration where that is unsafe.
         RuntimeError: ``StateWrittenInPlace`` if the model writes into the state it was given

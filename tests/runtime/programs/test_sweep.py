@@ -274,6 +274,10 @@ def test_recurrent_dropout_between_layers_is_refused_by_name_where_forward_passe
     torch.manual_seed(0)
     model = StackedWithDropout().double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.125)
+    if programs(True) is True:  # captured: refused as the trainer is built (test_..._captured_at_any_k2 below)
+        with pytest.raises(ValueError, match=r"would capture cuDNN's own dropout state of 'rnn'"):
+            create_tbptt_trainer(model, optimizer, loss_fn, k1=5, k2=10, cuda_graphs=True)
+        return
     trainer = create_tbptt_trainer(model, optimizer, loss_fn, k1=5, k2=10, cuda_graphs=programs(True))
     with pytest.raises(ValueError, match=r"between their layers \('rnn'\) draw it from cuDNN's own random state"):
         trainer.run(batches(), max_epochs=1)
@@ -281,6 +285,19 @@ def test_recurrent_dropout_between_layers_is_refused_by_name_where_forward_passe
     # Eager recomputation replays the generators, not cuDNN's state: refused on CUDA as the trainer is built.
     with pytest.raises(ValueError, match=r"recompute runs forward passes again.*\('rnn'\).* or recompute=None"):
         create_tbptt_trainer(model, optimizer, loss_fn, k1=5, recompute=5, device="cuda")
+
+
+@pytest.mark.parametrize("k2", [5, 10], ids=["k1 = k2", "k2 > k1"])
+def test_recurrent_dropout_between_layers_is_refused_where_graphs_are_captured_at_any_k2(k2):
+    # A CUDA graph captures cuDNN's dropout state by address, at k1 = k2 too; a reseed (deterministic=True reseeds
+    # every epoch) makes cuDNN allocate a new one, and older graphs would write into freed memory. Refused as the
+    # trainer is built, before anything runs (device="cuda" stands for a model on CUDA: nothing here touches CUDA).
+    model = StackedWithDropout().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.125)
+    with pytest.raises(ValueError, match=r"would capture cuDNN's own dropout state of 'rnn'.*deterministic=True"):
+        create_tbptt_trainer(model, optimizer, loss_fn, k1=5, k2=k2, cuda_graphs=True, device="cuda")
+    model.rnn.dropout = 0.0
+    create_tbptt_trainer(model, optimizer, loss_fn, k1=5, k2=k2, cuda_graphs=True, device="cuda")
 
 
 @pytest.mark.parametrize(
