@@ -22,7 +22,7 @@ def program_mode(request, monkeypatch):
 def replayed_mode(request, monkeypatch):
     """A program test run replayed on the CPU; under ``--device cuda``, captured in CUDA graphs.
 
-    For the sweep, step and batch programs' tests: a replayed run runs each program's Python at its warm-up and its
+    For the sweep and step programs' tests: a replayed run runs each program's Python at its warm-up and its
     capture, and an uncaptured one only that Python every window; the window programs' tests
     (``test_executor.py``) and the property test run both.
     """
