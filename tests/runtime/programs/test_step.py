@@ -314,29 +314,38 @@ def test_a_host_handler_giving_gradients_new_tensors_between_the_two_programs(de
     assert len(steps) == 40 and steps[0].before is not None
 
 
-class SqrtOfZero(torch.nn.Module):
+MARK = 7  # a window whose first step reads this token in every column has a NaN gradient in the second dtype
+
+
+class SqrtOfZeroWhereMarked(torch.nn.Module):
+    """A float64 parameter at 1, whose gradient is NaN in a window that starts marked: sqrt(g * 0) there."""
+
     def __init__(self):
         super().__init__()
-        self.g = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
+        self.g = torch.nn.Parameter(torch.ones((), dtype=torch.float64))
 
-    def forward(self, y):
-        return y + torch.sqrt(self.g).to(y.dtype)
+    def forward(self, y, x):
+        marked = (x[0] == MARK).all().to(self.g.dtype)  # on the device: no read
+        return y + torch.sqrt(self.g * (1 - marked)).to(y.dtype)
 
 
 class WithSqrtOfZero(CharModel):
-    """A float64 parameter besides the float32 model, last in the optimizer's order, whose gradient is not finite."""
+    """A float64 parameter besides the float32 model, last in the optimizer's order, NaN gradient where marked."""
 
     def __init__(self):
         super().__init__()
-        self.tail = SqrtOfZero()  # a child registered last: its parameter comes last
+        self.tail = SqrtOfZeroWhereMarked()  # a child registered last: its parameter comes last
 
     def forward(self, x, hidden=None):
         y, hidden = super().forward(x, hidden)
-        return self.tail(y), hidden
+        return self.tail(y, x), hidden
 
 
 def test_an_inf_gradient_in_a_second_dtype_refuses_the_step(device):
-    # The division and check run once per dtype: the decision of each reaches the step.
+    # The division and check run once per dtype: the decision of each reaches the step. The 9th window (steps 40-44)
+    # starts marked, so that its step comes after the step programs' warm-up and capture: a replay refuses it.
+    data = batches()
+    data[1][0][15] = MARK
     errors = {}
     for cuda_graphs in (False, True):
         torch.manual_seed(0)
@@ -345,11 +354,18 @@ def test_an_inf_gradient_in_a_second_dtype_refuses_the_step(device):
         trainer = create_tbptt_trainer(
             model, optimizer, loss_fn, 5, carry_hidden=True, cuda_graphs=programs(cuda_graphs)
         )
+        before = {}
+        trainer.add_event_handler(
+            TBPTTEvents.OPTIMIZER_STEP_COMPLETED(once=8),
+            lambda _, kept=before, tail=model.tail: kept.update(g=tail.g.item()),
+        )
         with pytest.raises(FloatingPointError) as error:
-            trainer.run(batches(), max_epochs=1)
+            trainer.run(data, max_epochs=1)
         errors[cuda_graphs] = str(error.value)
-        assert model.tail.g.item() == 0.0  # the step was not taken
-    assert "optimizer step 1 " in errors[False] and "optimizer step 1 " in errors[True]
+        assert before["g"] != 1.0 and model.tail.g.item() == before["g"]  # steps 1-8 taken, the 9th not
+        if cuda_graphs:
+            assert_replayed(trainer, "window", "step")
+    assert "optimizer step 9 " in errors[False] and "optimizer step 9 " in errors[True]
 
 
 def test_a_learning_rate_set_by_a_host_handler_of_the_step_reaches_it(device):
