@@ -21,7 +21,6 @@ from ..runtime import (
     default_model_fn,
     default_reset_hidden,
     device_type_of,
-    own_dropout_state,
     refuse_own_dropout_state,
 )
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
@@ -143,7 +142,7 @@ def tbptt_training_step(
     device_type = device_type_of(model, device)
     execution = _execution(o["cuda_graphs"], device_type)
     if execution is Execution.CUDA_GRAPHS:
-        _refuse_captured_dropout_state(model)
+        refuse_own_dropout_state(model, "cuda_graphs=True", "cuda_graphs=False", captured=True)
     recompute = _recompute(o["recompute"], model, device_type, execution)
     scaler = _scaler(o["scaler"], device_type, o["autocast_dtype"])
     optimizer_step = _optimizer_step(optimizer, scaler, accumulation, execution)
@@ -205,21 +204,6 @@ def _execution(cuda_graphs: Any, device_type: str) -> Execution:
     else:
         raise ValueError(f"cuda_graphs must be True, False, 'uncaptured' or 'replayed', got {cuda_graphs!r}.")
     return execution
-
-
-def _refuse_captured_dropout_state(model: torch.nn.Module) -> None:
-    # cuDNN draws a recurrent module's dropout between layers from a state buffer of its own, which a graph captures
-    # by address; a reseed (torch.manual_seed, ignite's DeterministicEngine every epoch) makes cuDNN allocate a new one
-    # with a seed read on the host, so graphs captured before write into freed memory and the next capture fails.
-    names = own_dropout_state(model)
-    if names:
-        raise ValueError(
-            f"cuda_graphs=True would capture cuDNN's own dropout state of {', '.join(map(repr, names))} (recurrent "
-            "modules with dropout between their layers): a reseed (torch.manual_seed, deterministic=True every "
-            "epoch) replaces it, and the graphs captured before would write into freed memory. Use dropout=0 in "
-            "those modules (dropout of your own between single-layer modules is captured as any operator), or "
-            "cuda_graphs=False."
-        )
 
 
 def _recompute(recompute: Any, model: torch.nn.Module, device_type: str, execution: Execution) -> int | None:

@@ -45,7 +45,7 @@ from .programs import (
     build_executor,
 )
 from .reset import Resets, check_resettable, default_reset_hidden, reset_to
-from .rng import own_dropout_state, refuse_own_dropout_state
+from .rng import refuse_own_dropout_state
 from .sharded import is_sharded, reduce_gradients_by_sum
 from .step_body import gradients_of, parameters_of, step_optimizer, unscale_and_divide
 from .stream import StreamState
@@ -71,7 +71,6 @@ __all__ = [
     "default_reset_hidden",
     "check_resettable",
     "reset_to",
-    "own_dropout_state",
     "refuse_own_dropout_state",
     "ModuleState",
     "attributes_with_graph",

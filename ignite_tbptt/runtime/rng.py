@@ -15,6 +15,12 @@ _OWN_DROPOUT_STATE = (
     "draw other masks than it drew the first time, and the gradients would not be the eager trainer's. Use "
     "dropout=0 in those modules (dropout of your own between single-layer modules is drawn again alike), or {fix}."
 )
+_CAPTURED_DROPOUT_STATE = (
+    "{where} would capture cuDNN's own dropout state of {names} (recurrent modules with dropout between their "
+    "layers): a reseed (torch.manual_seed, deterministic=True every epoch) replaces it, and the graphs captured "
+    "before would write into freed memory. Use dropout=0 in those modules (dropout of your own between single-layer "
+    "modules is captured as any operator), or {fix}."
+)
 
 RNGState = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -45,17 +51,19 @@ def own_dropout_state(model: torch.nn.Module) -> list[str]:
     ]
 
 
-def refuse_own_dropout_state(model: torch.nn.Module, where: str, fix: str) -> None:
-    """Refuse ``model`` with modules of :func:`own_dropout_state`, where forward passes run again.
+def refuse_own_dropout_state(model: torch.nn.Module, where: str, fix: str, captured: bool = False) -> None:
+    """Refuse ``model`` with modules of :func:`own_dropout_state`, where forward passes run again or are captured.
 
-    The trainer trains in training mode, whatever mode the model is in as the trainer is built.
+    The trainer trains in training mode, whatever mode the model is in as the trainer is built. ``captured``: a CUDA
+    graph would capture cuDNN's dropout state by address (at any k2), which a reseed replaces under it.
 
     Raises:
-        ValueError: naming the modules, ``where`` forward passes run again, and ``fix``.
+        ValueError: naming the modules, ``where`` forward passes run again (or are captured), and ``fix``.
     """
     names = own_dropout_state(model)
     if names:
-        raise ValueError(_OWN_DROPOUT_STATE.format(where=where, names=", ".join(repr(n) for n in names), fix=fix))
+        message = _CAPTURED_DROPOUT_STATE if captured else _OWN_DROPOUT_STATE
+        raise ValueError(message.format(where=where, names=", ".join(repr(n) for n in names), fix=fix))
 
 
 @contextmanager
