@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-__all__ = ["positive_int", "callable_or_none", "called_as"]
+__all__ = ["positive_int", "callable_or_none", "called_as", "refusal_of_call"]
 
 
 def positive_int(name: str, value: Any, unit: str = "") -> int:
@@ -55,15 +55,26 @@ def called_as(name: str, value: Any, *parameters: str, example: str) -> None:
     """
     if value is None:
         return
-    try:
-        signature = inspect.signature(value)
-    except (TypeError, ValueError):
-        return
-    try:
-        signature.bind(*parameters)
-    except TypeError as error:
+    refusal = refusal_of_call(value, *parameters)
+    if refusal is not None:
         form = f"{name}({', '.join(parameters)})"
         raise TypeError(
-            f"{name} is called as {form}, but {getattr(value, '__name__', type(value).__name__)}{signature} "
-            f"cannot take that ({error}); pass, e.g., {name}={example}."
-        ) from None
+            f"{name} is called as {form}, but {getattr(value, '__name__', type(value).__name__)}"
+            f"{inspect.signature(value)} cannot take that ({refusal}); pass, e.g., {name}={example}."
+        )
+
+
+def refusal_of_call(function: Any, *arguments: Any) -> str | None:
+    """Why ``function(*arguments)`` would fail to bind its arguments (Python's words), or ``None`` if it binds.
+
+    A callable whose signature Python cannot read (a builtin, say) binds: its call itself will tell.
+    """
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):  # no signature to read
+        return None
+    try:
+        signature.bind(*arguments)
+    except TypeError as error:
+        return str(error)
+    return None

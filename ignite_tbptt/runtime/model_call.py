@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from ..checks import refusal_of_call
 from ..layout import Layout
 from . import hidden as hs
 from .compiled import retainable
@@ -235,19 +236,14 @@ def build_model_call(
 def _check_first_call(model: torch.nn.Module) -> None:
     # Before anything runs: otherwise the first batch fails inside the model with Python's "missing 1 required
     # positional argument", which does not say that the trainer gives no state at a stream's start.
-    try:
-        signature = inspect.signature(model.forward)
-    except (TypeError, ValueError):  # a signature Python cannot read: the call itself will tell
-        return
-    try:
-        signature.bind(None)
-    except TypeError:
+    if refusal_of_call(model.forward, None) is not None:
         fix = "model.init_hidden(batch_size)" if callable(getattr(model, "init_hidden", None)) else "..."
         raise TypeError(
-            f"{type(model).__name__}.forward{signature} needs more than the input at a stream's start, where the "
-            f"trainer calls model(x) (and model(x, hidden) after): pass initial_state=lambda batch_size: {fix}, "
-            "the state to start every stream from, or a model_fn that builds it (docs/howto/migrating.md)."
-        ) from None
+            f"{type(model).__name__}.forward{inspect.signature(model.forward)} needs more than the input at a "
+            f"stream's start, where the trainer calls model(x) (and model(x, hidden) after): pass initial_state=lambda "
+            f"batch_size: {fix}, the state to start every stream from, or a model_fn that builds it "
+            "(docs/howto/migrating.md)."
+        )
 
 
 _TIME_DIM_FIX = (

@@ -145,7 +145,7 @@ class _Outline:
 def _plain(value: Any) -> Any:
     """An operator's argument as the run's outline keeps it: a tensor by its shape and dtype, a number by its value."""
     if isinstance(value, torch.Tensor):
-        return ("a", "x".join(map(str, value.shape)) or "0-dim", str(value.dtype).removeprefix("torch."), "tensor")
+        return ("a", _shape(value), str(value.dtype).removeprefix("torch."), "tensor")
     if isinstance(value, (list, tuple)):
         return tuple(_plain(v) for v in value)
     if isinstance(value, dict):
@@ -193,6 +193,11 @@ def _spoken(plain: Any) -> str:
     return plain[1] if isinstance(plain, tuple) and plain[:1] == ("=",) else repr(plain)
 
 
+def _shape(t: torch.Tensor) -> str:
+    """``t``'s shape as the errors write it: ``4x3``, or ``0-dim``."""
+    return "x".join(map(str, t.shape)) or "0-dim"
+
+
 def _storage(t: torch.Tensor) -> Any:
     return t.untyped_storage()
 
@@ -212,7 +217,7 @@ def _caller() -> str:
 
 def _describe(t: torch.Tensor, func: Any, position: int, names: dict[int, str]) -> str:
     name = names.get(_storage(t).data_ptr())
-    shape = "x".join(map(str, t.shape)) or "0-dim"
+    shape = _shape(t)
     known = f"{name}, " if name else ""
     return f"{known}a {shape} {str(t.dtype).removeprefix('torch.')} tensor (argument {position} of {func})"
 
