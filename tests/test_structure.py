@@ -212,30 +212,54 @@ def test_the_layout_is_made_where_time_dim_is_read_and_no_module_computes_an_axi
             assert "1 - axis" not in path.read_text(), path
 
 
-def test_how_windows_run_is_decided_once():
-    # The trainer picks the Execution from its options; the plans say which windows a program may run; the loop alone
-    # asks the source (as it is installed) whether its windows may be replayed.
-    executions = {
-        str(p.relative_to(PACKAGE)) for p in MODULES if "Execution." in p.read_text() and p.name != "__init__.py"
-    }
-    assert executions == {"engine/trainer.py", "runtime/programs/executor.py"}
-    readers = {
-        str(p.relative_to(PACKAGE))
-        for p in MODULES
-        for node in ast.walk(ast.parse(p.read_text()))
-        if isinstance(node, ast.Attribute) and node.attr == "allows_programs"
-    }
-    # The source's allows_programs, read by the loop as the source is installed.
-    assert readers == {"engine/stream_loop.py"}, readers
-    # How a window runs where programs may run: planned in planning/execution.py, asked only by the module that
-    # runs what it says; the runtime only says why it runs none now (ProgramExecutor.blocked).
-    askers = {
-        str(p.relative_to(PACKAGE))
-        for p in MODULES
-        for node in ast.walk(ast.parse(p.read_text()))
-        if isinstance(node, ast.Name) and node.id == "plan_window"
-    }
-    assert askers == {"engine/program_runs.py"}, askers
+def _programs_run(refused=None, profiled=False, cuda_graphs="replayed"):
+    # A GRU trained with cuda_graphs="replayed", windows and steps as programs where planning says so, with
+    # planning's one rule replaced by ``refused`` where given; its parameters and how its programs ran.
+    import contextlib
+
+    import torch
+
+    from ignite_tbptt import create_tbptt_trainer
+    from ignite_tbptt.planning import execution
+
+    torch.manual_seed(0)
+    model = torch.nn.GRU(3, 3).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+    trainer = create_tbptt_trainer(
+        model, optimizer, torch.nn.functional.mse_loss, k1=4, k2=6, carry_hidden=True, cuda_graphs=cuda_graphs
+    )
+    stream = torch.randn(97, 2, 3, dtype=torch.float64)
+    batches = [(stream[t : t + 16], stream[t + 1 : t + 17]) for t in range(0, 96, 16)]
+    original = execution.program_refused
+    execution.program_refused = refused or original
+    try:
+        with torch.profiler.profile() if profiled else contextlib.nullcontext():
+            state = trainer.run(batches, max_epochs=2)
+    finally:
+        execution.program_refused = original
+    return [p.detach().clone() for p in model.parameters()], state
+
+
+def test_one_rule_decides_whether_windows_and_steps_run_as_programs():
+    # planning.execution.program_refused answers for every window and every optimizer step: replaced, every path
+    # follows it, and nothing else in the trainer decides (the profiler, which it weighs, stops no program it lets run).
+    import torch
+
+    from ignite_tbptt.planning import Eager, execution
+
+    _, state = _programs_run()
+    kinds = state.programs.kinds
+    assert kinds["window"]["replays"] > 0 and kinds["step"]["replays"] > 0
+    trained, state = _programs_run(refused=lambda facts, step: Eager.PROFILER)
+    counts = state.programs
+    assert counts.captures == counts.replays == counts.warmups == 0
+    assert counts.eager == {"profiler": state.window, "step/profiler": state.optimizer_step}
+    eager, _ = _programs_run(cuda_graphs=False)
+    assert all(torch.equal(a, b) for a, b in zip(trained, eager))
+    # Under the profiler, with a rule that ignores it, windows and steps still run as programs.
+    _, state = _programs_run(lambda facts, step: execution.Eager.CHECKS if facts.checks_pending else None, True)
+    assert state.programs.kinds["window"]["replays"] > 0 and state.programs.kinds["step"]["replays"] > 0
+    assert "profiler" not in state.programs.eager
 
 
 def test_one_walk_plans_a_stream_for_the_loop_the_look_aheads_and_walk():

@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from ..planning import RuntimeFacts
 from ..runtime import (
     StepHandlers,
     StepProgram,
@@ -151,9 +152,10 @@ class OptimizerStep:
         Args:
             position: where the run is, with the step about to be taken: named by the error for a refused step,
                 and shared by every process of a distributed run (:func:`~ignite_tbptt.engine.distributed.synchronise`).
-            handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, where the step may run as a step program (window
-                programs, no retained segment); ``None`` for an eager step. :attr:`in_program` says whether it does:
-                then the handlers ``on_device`` run inside :meth:`apply`, and the others must run before it.
+            handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, where the step runs as a step program (as
+                :func:`~ignite_tbptt.planning.plan_step` says); ``None`` for an eager step. :attr:`in_program` says
+                whether it does (a step without any gradient does not): then the handlers ``on_device`` run inside
+                :meth:`apply`, and the others must run before it.
 
         Returns:
             The step's target count over all processes; 0 if it has none (only padding), and then the step must
@@ -196,12 +198,15 @@ class OptimizerStep:
                     raise _non_finite(_where(position))
         return targets
 
+    def facts(self) -> RuntimeFacts:
+        """What planning weighs before a step (:func:`~ignite_tbptt.planning.plan_step`)."""
+        supported = self.programs is not None and self.programs.supported
+        return RuntimeFacts(profiling(), optimizer_skips=supported, distributed=self.distributed)
+
     def _in_program(self, divisor: int, handlers: StepHandlers, position: RunPosition) -> bool:
-        # A step program, where one can run it: one process, no profiler (whose ranges it would not show).
-        programs = self.programs
-        if programs is None or not programs.supported or self.distributed or profiling():
-            return False
-        program = programs.program(divisor, handlers)
+        # The step program planning chose, unless the step has no gradient at all (nothing to capture).
+        assert self.programs is not None, "handlers are given only where steps may run as programs"
+        program = self.programs.program(divisor, handlers)
         if program is None:
             return False
         self.carry_decision()

@@ -10,14 +10,23 @@ a step's boundary is reported to a :class:`LoopListener` (the process function's
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
 
 from ..data.batch import check_pair, resets_by_step
 from ..layout import Layout
-from ..planning import BatchPlan, SegmentPlan, StreamPlanner, WindowSource, plan_batch
+from ..planning import (
+    BatchPlan,
+    SegmentPlan,
+    StreamPlanner,
+    WindowSource,
+    check_source,
+    plan_batch,
+    plan_step,
+    plan_window,
+)
 from ..planning.walk import StreamWalk
 from ..runtime import (
     Execution,
@@ -39,7 +48,6 @@ from ..runtime import (
 from . import distributed
 from .loop_protocols import CompletedWindow, LoopListener
 from .optimizer_step import OptimizerStep
-from .program_runs import run_window_program
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
 
@@ -53,32 +61,9 @@ class BatchResult(NamedTuple):
     predictions: list[Any]
 
 
-def _check_sharded_takes(source: WindowSource, programs: bool) -> None:
-    # What a model sharded by FSDP2 cannot run, refused as a run starts.
-    if not source.standalone:
-        raise ValueError(
-            f"{type(source).__name__} with a model sharded by FSDP2: each process would choose its own windows from "
-            "its own measurements, and their backward passes (each with FSDP2's collectives) would differ. "
-            "Use fixed windows (k1, k2), or windows of the same seed on every process (RandomWindows, ARTBP)."
-        )
-    if programs:
-        raise ValueError(
-            "cuda_graphs with a model sharded by FSDP2: its gathers and reduce-scatters run in every model "
-            "call and are not captured. Pass cuda_graphs=False."
-        )
-
-
-def _check_programs_take(source: WindowSource, call: ModelCall, parameters: list[torch.Tensor]) -> None:
-    # What programs cannot run, refused as the source is installed. Windows that reach back run retained segments
-    # again with the weights they ran with, swapped into the model and the initial state.
-    if not source.allows_programs:
-        k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
-        raise ValueError(
-            f"cuda_graphs captures fixed windows of TBPTT(k1, k2) with k2 >= k1; {type(source).__name__} has "
-            f"k1 = {k1}, k2 = {k2}: steps before a k2 < k1 cut get their own loss only, windows of varying length "
-            "are cut at places of every kind, or the gradient is reweighted inside the sweep (ARTBP). Use fixed "
-            "windows with k2 >= k1, or pass cuda_graphs=False."
-        )
+def _check_swappable(source: WindowSource, call: ModelCall, parameters: list[torch.Tensor]) -> None:
+    # Windows that reach back run retained segments again inside a program, with the weights they ran with swapped
+    # into the model and the initial state.
     if source.spans_windows:
         SwappedWeights.check(call.model, call.initial_state, [p for p in parameters if p.requires_grad])
 
@@ -131,9 +116,11 @@ class StreamLoop:
         self.executor = build_executor(
             execution, model_call, loss, self.stream, target_count_fn, optimizer_step.programs
         )
-        self.use_source(source)
+        #: Where windows may run as programs, the executor that runs them; ``None`` where every window runs eagerly.
+        self.programs = self.executor if isinstance(self.executor, ProgramExecutor) else None
         #: The model has parameters sharded by FSDP2 and runs in a distributed group (:meth:`start_run`).
         self.sharded = False
+        self.use_source(source)
         self.failed: FloatingPointError | None = None  # a step refused for non-finite gradients, not yet raised
         self.attributes_checked = False  # the model's attributes were checked for graphs after a first window
 
@@ -148,8 +135,7 @@ class StreamLoop:
             ValueError: for a sharded model, if the window source learns from the run (each process would choose its
                 own windows), or windows run as programs (FSDP2's collectives are not captured).
         """
-        if sharded:
-            _check_sharded_takes(self.source, self.executor.runs_programs)
+        check_source(self.source, self.programs is not None, sharded)
         self.sharded = self.executor.backward_without_targets = sharded
         self.failed = None
         self.optimizer_step.forget_failure()
@@ -173,8 +159,9 @@ class StreamLoop:
                 k2 != k1, ARTBP), or reach back while the optimizer trains parameters that are neither the model's
                 nor ``initial_state``'s (:class:`~ignite_tbptt.runtime.SwappedWeights`).
         """
-        if self.executor.runs_programs:
-            _check_programs_take(source, self.executor.model_call, self.optimizer_step.parameters())
+        check_source(source, self.programs is not None, self.sharded)
+        if self.programs is not None:
+            _check_swappable(source, self.executor.model_call, self.optimizer_step.parameters())
         if source.spans_windows:  # only windows reaching into earlier ones keep graphs across an optimizer step
             self.history.keep_weight_versions()
         self.planner.source = source
@@ -249,58 +236,57 @@ class StreamLoop:
         if not self.carry_hidden:
             self.reset_stream()
         batch = plan_batch(self.stream.position, length, ends_stream, resets)
-        out = BatchResult(LossSum(), [])
-        self._walk(batch, x, y, resets, keep_predictions, out)
-        return out
+        result = BatchResult(LossSum(), [])
+        for plan, segment, swept in self._segments(batch, x, y, resets, keep_predictions):
+            result.loss.add(segment.loss, segment.targets, plan.whole_window)
+            result.predictions.append(segment.predictions)
+            self.segment_done(batch, plan, segment, swept)
+        return result
 
-    def _walk(
-        self,
-        batch: BatchPlan,
-        x: Any,
-        y: Any,
-        resets: Resets,
-        keep_predictions: bool,
-        out: BatchResult,
-    ) -> None:
+    def _segments(
+        self, batch: BatchPlan, x: Any, y: Any, resets: Resets, keep_predictions: bool
+    ) -> Iterator[tuple[SegmentPlan, SegmentResult, bool]]:
+        # Each segment of the batch as it runs, with its plan and whether a program swept its window: a window whole
+        # as one program where planning says so, else segment by segment.
         stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
         offset = batch.start
         # Read where it is used, as the optimizer step has it now (a distributed run's is known once the run starts).
-        self.walk.one_window_per_step = self.optimizer_step.one_window_per_step
-        # Where windows may run as programs, planning decides as each window opens; None where they run eagerly.
-        programs = self.executor if isinstance(self.executor, ProgramExecutor) else None
+        walk = self.walk
+        walk.one_window_per_step = self.optimizer_step.one_window_per_step
         while stream.position < batch.end and self.failed is None:
             if planner.window is None:
                 self.open_window()
-                if programs is not None:
-                    ran = run_window_program(
-                        planner, programs, batch, x, y, resets, stream.position, self.walk.one_window_per_step,
-                        keep_predictions,
-                    )  # fmt: skip
-                    if ran is not None:
-                        for plan, result in ran:
-                            self.segment_done(batch, plan, result, out, swept=True)
+                if self.programs is not None:
+                    swept = self._run_program(batch, x, y, resets, keep_predictions)
+                    if swept is not None:
+                        yield from swept
                         continue
-            for plan in self.walk.segments(batch, stream.position):
+            for plan in walk.segments(batch, stream.position):
                 start, end = plan.start - offset, plan.end - offset
                 result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
-                self.segment_done(batch, plan, result, out)
+                yield plan, result, False
 
-    def segment_done(
-        self,
-        batch: BatchPlan,
-        plan: SegmentPlan,
-        result: SegmentResult,
-        out: BatchResult,
-        swept: bool = False,
-    ) -> None:
-        """A segment ran (eagerly, or in a sweep program): its loss counted, its window closed if it ends.
+    def _run_program(
+        self, batch: BatchPlan, x: Any, y: Any, resets: Resets, keep: bool
+    ) -> list[tuple[SegmentPlan, SegmentResult, bool]] | None:
+        # The window just opened, as one program where planning says so; None where it runs eagerly, counted.
+        programs = self.programs
+        assert programs is not None, "asked only where windows may run as programs"
+        position, one_window_per_step = self.stream.position, self.walk.one_window_per_step
+        plans, eager = plan_window(self.planner, batch, position, one_window_per_step, programs.facts())
+        if eager is not None:
+            programs.counts.ran_eagerly(eager)
+            return None
+        results = programs.run_sweep(plans, x, y, resets, batch.start, keep)
+        return [(plan, result, True) for plan, result in zip(plans, results)]
 
-        ``swept`` as :meth:`close_window` takes it; ``out``: the batch's loss and predictions so far.
+    def segment_done(self, batch: BatchPlan, plan: SegmentPlan, result: SegmentResult, swept: bool = False) -> None:
+        """A segment ran (eagerly, or in a program): its targets counted, its window closed if it ends.
+
+        ``swept`` as :meth:`close_window` takes it.
         """
-        out.loss.add(result.loss, result.targets, plan.whole_window)
         self.optimizer_step.accumulate(result.targets, plan.backward_mean)
         self.listener.targets_processed(result.targets)
-        out.predictions.append(result.predictions)
         if plan.closes_window:
             self.close_window(plan.end, batch.stream_continues(plan.end), swept)
 
@@ -322,8 +308,8 @@ class StreamLoop:
         stream, executor, listener = self.stream, self.executor, self.listener
         plan = self.walk.close(end, stream_continues)
         if swept:
-            assert isinstance(executor, ProgramExecutor), "only a program executor sweeps a window at once"
-            executor.close_swept(plan)
+            assert self.programs is not None, "only a program executor sweeps a window at once"
+            self.programs.close_swept(plan)
             reach = None
         else:
             reach = executor.close_window(plan)
@@ -365,8 +351,15 @@ class StreamLoop:
 
     def _step(self) -> None:
         step, listener = self.optimizer_step, self.listener
-        # Retained segments need nothing of the step: their weights were copied before it (take_step).
-        handlers = listener.step_handlers() if step.programs is not None else None
+        # Retained segments need nothing of the step: their weights were copied before it (take_step). Where steps
+        # may run as programs, planning says whether this one does; it runs with the handlers it is prepared with.
+        handlers = None
+        if step.programs is not None:
+            refused = plan_step(step.facts())
+            if refused is None:
+                handlers = listener.step_handlers()
+            else:
+                step.programs.counts.ran_eagerly(refused, "step")
         targets = step.prepare(listener.position(), handlers)
         if not targets:
             return

@@ -6,8 +6,9 @@ TBPTT(k1, k2) windows (:class:`Schedule`), random lengths (:class:`RandomWindows
 a :class:`SegmentPlan`, and :func:`plan_close` the close of a window into its cut, the next window and every step
 of its backward sweep, a :class:`ClosePlan`; the runtime only carries them out. A :class:`StreamPlanner` asks the
 source for one stream and makes both plans, each batch's bounds coming from :func:`plan_batch`;
-:class:`ReachRequests` decides which windows record their gradient reach, and :func:`plan_window` how a window
-runs where windows may run as programs (``cuda_graphs``). :func:`walk` makes every
+:class:`ReachRequests` decides which windows record their gradient reach, and :func:`plan_window` and
+:func:`plan_step` whether a window or an optimizer step runs as a program (``cuda_graphs``), one rule answering both
+(:func:`program_refused`). :func:`walk` makes every
 plan the trainer makes over a stream without running anything, for whatever needs to know where windows, segments
 and cuts fall.
 Modules here import nothing but the standard library, each other and :mod:`ignite_tbptt.checks`, so every decision
@@ -17,7 +18,7 @@ is tested without a tensor. A new window source goes here, as a subclass of :cla
 from .artbp import ARTBP
 from .batch_plan import BatchPlan, plan_batch
 from .close_plan import ClosePlan, SweepStep, plan_close
-from .execution import Eager, WindowExecution, plan_window
+from .execution import Eager, RuntimeFacts, WindowExecution, check_source, plan_step, plan_window, program_refused
 from .random_windows import RandomWindows
 from .reach import ReachRequests
 from .schedule import Schedule, k2_cut
@@ -45,6 +46,10 @@ __all__ = [
     "Planned",
     "walk",
     "Eager",
+    "RuntimeFacts",
     "WindowExecution",
     "plan_window",
+    "plan_step",
+    "program_refused",
+    "check_source",
 ]

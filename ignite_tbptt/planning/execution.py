@@ -1,14 +1,15 @@
-"""How a window runs where windows may run as programs: whole as one program, or segment by segment, and why.
+"""Whether a window or an optimizer step runs as a program (``cuda_graphs``), and why not: decided here alone.
 
-Where the trainer runs windows as programs (``cuda_graphs``), the stream loop asks here at every window boundary,
-and nowhere else is it decided. A window runs whole as one program (a sweep program of its model calls and of the
-retained segments it reaches, :mod:`ignite_tbptt.runtime.programs.sweep`) where its whole course is planned before
-it runs: the batch holds all of it, every step gets the gradient of the whole window, and its gradient reach is not
-recorded. Otherwise it runs segment by segment, eagerly, and :class:`Eager` says why. One window per replay: no
-program runs several windows (SPEC.md, "One window per replay"). What the runtime knows (the model call's first
-checks, torch's profiler) reaches this module as the reason it gives; the window
-sources say what they allow (:attr:`~ignite_tbptt.planning.WindowSource.allows_programs`), which the trainer checks
-as a source is installed.
+Where the trainer runs windows as programs, the stream loop asks :func:`plan_window` at every window boundary and
+:func:`plan_step` before every optimizer step; both take what the runtime knows as data (:class:`RuntimeFacts`: the
+profiler, the model call's first checks, which retained segments recompute whole, the optimizer, a distributed run)
+and give their answer through one function, :func:`program_refused`, so that a rule changed there changes every
+path. A window runs whole as one program (its model calls and the retained segments it reaches) where its whole course
+is planned before it runs: the batch holds all of it, every step gets the gradient of the whole window, its gradient
+reach is not recorded, and the retained segments from its cut recompute whole. Otherwise it runs segment by segment,
+eagerly, and :class:`Eager` says why. One window per replay: no program runs several windows (SPEC.md, "One window
+per replay"). The window sources a program cannot run are refused here too, as a source is installed
+(:func:`check_source`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from .batch_plan import BatchPlan
 from .segment_plan import SegmentPlan
 from .stream_planner import StreamPlanner
 from .walk import StreamWalk
+from .window import WindowSource
 
-__all__ = ["Eager", "WindowExecution", "plan_window"]
+__all__ = ["Eager", "RuntimeFacts", "WindowExecution", "check_source", "plan_step", "plan_window", "program_refused"]
 
 
 class Eager(enum.Enum):
-    """Why a window runs segment by segment where windows may run as programs; its value names its count.
+    """Why a window or an optimizer step runs eagerly where programs may run; its value names its count.
 
     A user reads the counts as ``engine.state.programs.eager`` (:class:`~ignite_tbptt.runtime.ProgramCounts`).
     """
@@ -44,6 +46,27 @@ class Eager(enum.Enum):
     #: The retained segments the window reaches are not all kept as what recomputes them (after a resumed run, or
     #: a step the scaler skipped, cut the history).
     REACH_NOT_RETAINED = "reach_not_retained"
+    #: An optimizer step whose optimizer cannot skip itself on the device (``_step_supports_amp_scaling``: torch's
+    #: fused ``SGD``, ``Adam``, ``AdamW`` can).
+    OPTIMIZER = "optimizer"
+    #: An optimizer step of a distributed run: the gradients are summed over processes first, on the host's count.
+    DISTRIBUTED = "distributed"
+
+
+class RuntimeFacts(NamedTuple):
+    """What the runtime knows as a window opens or a step is prepared: facts, which :func:`program_refused` weighs."""
+
+    #: torch's profiler is running.
+    profiling: bool = False
+    #: The model call's checks that need an eager call are not done, or the stream has no hidden state yet.
+    checks_pending: bool = False
+    #: The steps from which the retained segments, up to the stream's position, are kept whole as what recomputes
+    #: them, the first with a state to start from; the position itself always (a window that reaches nothing).
+    recomputable_from: frozenset[int] = frozenset()
+    #: The optimizer skips its own step on the device, given the inf/NaN decision.
+    optimizer_skips: bool = True
+    #: Gradients are summed over processes before each step.
+    distributed: bool = False
 
 
 class WindowExecution(NamedTuple):
@@ -55,8 +78,27 @@ class WindowExecution(NamedTuple):
     eager: Eager | None
 
 
+def program_refused(facts: RuntimeFacts, step: bool) -> Eager | None:
+    """Why no program may run now, for a window (``step`` False) or an optimizer step; ``None`` where one may.
+
+    The one rule every program of the trainer is run under: :func:`plan_window` and :func:`plan_step` ask it.
+    """
+    if facts.profiling:
+        return Eager.PROFILER
+    if not step:
+        return Eager.CHECKS if facts.checks_pending else None
+    if not facts.optimizer_skips:
+        return Eager.OPTIMIZER
+    return Eager.DISTRIBUTED if facts.distributed else None
+
+
+def plan_step(facts: RuntimeFacts) -> Eager | None:
+    """Why the optimizer step about to be taken runs eagerly, or ``None``: it runs as a step program."""
+    return program_refused(facts, step=True)
+
+
 def plan_window(
-    planner: StreamPlanner, batch: BatchPlan, position: int, one_window_per_step: bool, blocked: Eager | None
+    planner: StreamPlanner, batch: BatchPlan, position: int, one_window_per_step: bool, facts: RuntimeFacts
 ) -> WindowExecution:
     """How the window ``planner`` just opened at step ``position`` runs: as one program, or eagerly and why.
 
@@ -65,27 +107,30 @@ def plan_window(
         batch: the batch at hand.
         position: the stream's step, the window's first.
         one_window_per_step: as :func:`~ignite_tbptt.planning.plan_segment` takes it.
-        blocked: why no program may run now, as the runtime says (the model call's first checks, the profiler), or
-            ``None``.
+        facts: what the runtime knows now.
 
     Examples:
-        >>> from ignite_tbptt.planning import Schedule, StreamPlanner, plan_batch
+        >>> from ignite_tbptt.planning import RuntimeFacts, Schedule, StreamPlanner, plan_batch
         >>> planner = StreamPlanner(Schedule(k1=4, k2=6))
         >>> batch = plan_batch(0, 10, True, {})
         >>> _ = planner.open_window(4, 2)
-        >>> [(s.start, s.end) for s in plan_window(planner, batch, 4, False, None).segments]
+        >>> facts = RuntimeFacts(recomputable_from=frozenset({2, 4}))
+        >>> [(s.start, s.end) for s in plan_window(planner, batch, 4, False, facts).segments]
         [(4, 6), (6, 8)]
         >>> _ = planner.open_window(8, 3)
-        >>> plan_window(planner, plan_batch(8, 1, False, {}), 8, False, None).eager
+        >>> plan_window(planner, plan_batch(8, 1, False, {}), 8, False, facts).eager
         <Eager.BATCH_ENDS_INSIDE: 'batch_ends_inside'>
     """
-    if blocked is not None:
-        return WindowExecution((), blocked)
-    if planner.recorded:
-        return WindowExecution((), Eager.RECORDED)
+    refused = program_refused(facts, step=False)
+    if refused is None and planner.recorded:
+        refused = Eager.RECORDED
+    if refused is not None:
+        return WindowExecution((), refused)
     segments = _window_segments(planner, batch, position, one_window_per_step)
     if isinstance(segments, Eager):
         return WindowExecution((), segments)
+    if segments[0].window.cut not in facts.recomputable_from:
+        return WindowExecution((), Eager.REACH_NOT_RETAINED)
     return WindowExecution(segments, None)
 
 
@@ -102,3 +147,35 @@ def _window_segments(
         if plan.closes_window:
             return tuple(plans)
     return Eager.BATCH_ENDS_INSIDE
+
+
+def check_source(source: WindowSource, programs: bool, sharded: bool) -> None:
+    """Refuse a window source, or a sharded run, that programs (``programs``) or FSDP2 (``sharded``) cannot take.
+
+    Raises:
+        ValueError: with programs, a source whose windows are not
+            :attr:`~ignite_tbptt.planning.WindowSource.allows_programs` (k2 < k1, windows of varying length that
+            reach back, ARTBP), or a sharded model (FSDP2's collectives are not captured); with a sharded model, a
+            source that learns from the run (each process would choose its own windows).
+    """
+    if sharded and not source.standalone:
+        raise ValueError(
+            f"{type(source).__name__} with a model sharded by FSDP2: each process would choose its own windows from "
+            "its own measurements, and their backward passes (each with FSDP2's collectives) would differ. "
+            "Use fixed windows (k1, k2), or windows of the same seed on every process (RandomWindows, ARTBP)."
+        )
+    if not programs:
+        return
+    if sharded:
+        raise ValueError(
+            "cuda_graphs with a model sharded by FSDP2: its gathers and reduce-scatters run in every model "
+            "call and are not captured. Pass cuda_graphs=False."
+        )
+    if not source.allows_programs:
+        k1, k2 = getattr(source, "k1", None), getattr(source, "k2", None)
+        raise ValueError(
+            f"cuda_graphs captures fixed windows of TBPTT(k1, k2) with k2 >= k1; {type(source).__name__} has "
+            f"k1 = {k1}, k2 = {k2}: steps before a k2 < k1 cut get their own loss only, windows of varying length "
+            "are cut at places of every kind, or the gradient is reweighted inside the sweep (ARTBP). Use fixed "
+            "windows with k2 >= k1, or pass cuda_graphs=False."
+        )

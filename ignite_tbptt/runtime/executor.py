@@ -54,9 +54,6 @@ class SegmentExecutor:
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
     """
 
-    #: Whether windows run as window programs (the second executor, :mod:`ignite_tbptt.runtime.programs.executor`).
-    runs_programs = False
-
     def __init__(
         self,
         model_call: ModelCall,

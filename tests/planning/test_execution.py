@@ -4,7 +4,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ignite_tbptt import Schedule
-from ignite_tbptt.planning import Eager, StreamPlanner, plan_batch, plan_window
+from ignite_tbptt.planning import Eager, RuntimeFacts, StreamPlanner, plan_batch, plan_step, plan_window
+
+#: A window that reaches nothing is always recomputable from its start; these reach back 0..12 steps.
+ALL = RuntimeFacts(recomputable_from=frozenset(range(-20, 40)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -23,7 +26,7 @@ def test_a_window_runs_whole_where_the_batch_holds_it_with_the_segments_the_walk
     position = (window - 1) * k1
     batch = plan_batch(position, batch_length, False, {s: None for s in starts if s < batch_length})
     planner.open_window(position, window)
-    plans, eager = plan_window(planner, batch, position, False, None)
+    plans, eager = plan_window(planner, batch, position, False, ALL)
     if position + k1 > batch.end:
         assert (plans, eager) == ((), Eager.BATCH_ENDS_INSIDE)
         return
@@ -41,19 +44,20 @@ def test_why_a_window_runs_eagerly():
     planner = StreamPlanner(Schedule(4, 4))
     planner.open_window(0, 1)
     # What the runtime says first: the first checks, the profiler.
-    assert plan_window(planner, batch, 0, False, Eager.CHECKS) == ((), Eager.CHECKS)
+    assert plan_window(planner, batch, 0, False, ALL._replace(checks_pending=True)) == ((), Eager.CHECKS)
+    assert plan_window(planner, batch, 0, False, ALL._replace(profiling=True)) == ((), Eager.PROFILER)
     # A window whose gradient reach is recorded.
     planner.reach.ask(every=2)
     planner.open_window(4, 2)
-    assert plan_window(planner, batch, 4, False, None) == ((), Eager.RECORDED)
+    assert plan_window(planner, batch, 4, False, ALL) == ((), Eager.RECORDED)
     # k2 < k1: the steps before the cut get their own loss only.
     planner = StreamPlanner(Schedule(5, 2))
     planner.open_window(0, 1)
-    assert plan_window(planner, batch, 0, False, None) == ((), Eager.OWN_LOSS_ONLY)
+    assert plan_window(planner, batch, 0, False, ALL) == ((), Eager.OWN_LOSS_ONLY)
     # The batch ends inside the window.
     planner = StreamPlanner(Schedule(4, 6))
     planner.open_window(16, 5)
-    assert plan_window(planner, plan_batch(16, 3, False, {}), 16, False, None) == ((), Eager.BATCH_ENDS_INSIDE)
+    assert plan_window(planner, plan_batch(16, 3, False, {}), 16, False, ALL) == ((), Eager.BATCH_ENDS_INSIDE)
 
 
 def test_which_sources_allow_programs_follows_from_what_they_state():
@@ -65,3 +69,25 @@ def test_which_sources_allow_programs_follows_from_what_they_state():
     assert [RandomWindows(6, k2, seed=0).allows_programs for k2 in (3, 6, 9)] == [False, True, False]
     assert not ARTBP(grid=2, mean_length=6, seed=0).allows_programs  # the sweep reweights the gradient
     assert not AdaptiveTruncation(0.1, 4, 16).allows_programs  # windows reach back, and its k2 moves
+
+
+def test_a_window_whose_reach_does_not_recompute_whole_runs_eagerly():
+    # TBPTT(4, 6): the window at 8 cuts at 6, inside the retained segment [4, 8) kept as [4, 6) and [6, 8).
+    planner = StreamPlanner(Schedule(4, 6))
+    batch = plan_batch(8, 8, False, {})
+    planner.open_window(8, 3)
+    plans, eager = plan_window(planner, batch, 8, False, RuntimeFacts(recomputable_from=frozenset({6, 8})))
+    assert eager is None and plans[0].window.cut == 6
+    assert plan_window(planner, batch, 8, False, RuntimeFacts(recomputable_from=frozenset({8}))) == (
+        (),
+        Eager.REACH_NOT_RETAINED,
+    )
+
+
+def test_why_an_optimizer_step_runs_eagerly():
+    assert plan_step(RuntimeFacts()) is None
+    assert plan_step(RuntimeFacts(profiling=True)) is Eager.PROFILER
+    assert plan_step(RuntimeFacts(optimizer_skips=False)) is Eager.OPTIMIZER
+    assert plan_step(RuntimeFacts(distributed=True)) is Eager.DISTRIBUTED
+    # The model call's first checks concern windows only.
+    assert plan_step(RuntimeFacts(checks_pending=True)) is None

@@ -31,9 +31,12 @@ class ProgramCounts:
     #: Windows that ran eagerly, segment by segment, outside any program (a stream's first, one the batch ends
     #: inside, ...).
     eager_windows: int = 0
+    #: Optimizer steps taken eagerly, outside any program (an optimizer that cannot skip on the device, ...).
+    eager_steps: int = 0
     #: Programs dropped, least recently used first, to make room for a new one.
     evictions: int = 0
-    #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.Eager`'s values), those with any.
+    #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.Eager`'s values), and the steps as
+    #: ``step/<reason>``, those with any.
     eager: dict[str, int] = field(default_factory=dict)
     #: The warm-ups, captures and replays by kind of program (``"window"``: window and sweep programs, ``"step"``:
     #: step programs), those with any: what a run on a GPU certifies is that each kind was captured and replayed.
@@ -45,10 +48,15 @@ class ProgramCounts:
         by_kind = self.kinds.setdefault(kind, {})
         by_kind[how] = by_kind.get(how, 0) + 1
 
-    def ran_eagerly(self, reason: Eager) -> None:
-        """A window runs segment by segment, for ``reason``."""
-        self.eager_windows += 1
-        self.eager[reason.value] = self.eager.get(reason.value, 0) + 1
+    def ran_eagerly(self, reason: Eager, kind: str = "window") -> None:
+        """A window runs segment by segment, or an optimizer step (``kind="step"``) eagerly, for ``reason``."""
+        name = reason.value
+        if kind == "step":
+            self.eager_steps += 1
+            name = f"step/{name}"
+        else:
+            self.eager_windows += 1
+        self.eager[name] = self.eager.get(name, 0) + 1
 
     def as_dict(self) -> dict[str, int]:
         """The counts by name; the reasons as ``eager/<reason>``, the kinds' as ``<kind>/<count>``."""

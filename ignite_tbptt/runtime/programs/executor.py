@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ...planning import ClosePlan, Eager, SegmentPlan
+from ...planning import ClosePlan, RuntimeFacts, SegmentPlan
 from .. import hidden as hs
 from .. import rng
 from ..backward_sweep import Recomputation, Segment
@@ -41,7 +41,7 @@ from .cache import ProgramCache
 from .capture import GraphCapture
 from .replayed_capture import ReplayedCapture
 from .step import StepPrograms
-from .sweep import Call, CallPass, ReachWeights, SweepProgram, reach_of
+from .sweep import Call, CallPass, ReachWeights, SweepProgram, reach_of, recomputable_from
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor"]
 
@@ -91,7 +91,7 @@ def _storages_by_name(model: torch.nn.Module) -> dict[int, str]:
 class ProgramExecutor(SegmentExecutor):
     """The second executor: a window whole as one sweep program, where planning says so.
 
-    A stream's first windows run eagerly all the same (:meth:`blocked`), until the checks of a model call that need
+    A stream's first windows run eagerly all the same (:meth:`facts`), until the checks of a model call that need
     an eager call are done (the returned state's cut, the columns a reset handles), and so does every window while
     torch's profiler runs; eager segments run as :class:`~ignite_tbptt.runtime.SegmentExecutor` runs them. Up to
     ``limit`` window shapes keep a program; a new shape drops the least recently used.
@@ -108,8 +108,6 @@ class ProgramExecutor(SegmentExecutor):
             runs eagerly every window) and counts the window programs share.
         limit: the most window shapes given a program; a new one drops the least recently used.
     """
-
-    runs_programs = True
 
     def __init__(
         self,
@@ -135,25 +133,22 @@ class ProgramExecutor(SegmentExecutor):
         self.reach_weights = ReachWeights()  # the weights of the versions sweep programs reach
         self._pointers: list[int] = []  # their storage then
 
-    def blocked(self) -> Eager | None:
-        """Why no window may run as a program now, or ``None`` once the checks that need an eager call are done."""
+    def facts(self) -> RuntimeFacts:
+        """What planning weighs as a window opens (:func:`~ignite_tbptt.planning.plan_window`)."""
         # What a model call checks once runs eagerly: a stream's first call (no state), the call that checks that the
-        # state returned was read from the state given, the call that checks the reset's columns; and every call
-        # under torch's profiler, whose ranges a program would not show. In recomputation mode no eager call keeps
-        # a graph to check the state's cut on.
-        if profiling():
-            return Eager.PROFILER
-        if (
-            not (self._state_cut_checked or self.stream.history.rebuilds)
-            or self.stream.hidden is None
+        # state returned was read from the state given, the call that checks the reset's columns. In recomputation
+        # mode no eager call keeps a graph to check the state's cut on.
+        stream = self.stream
+        pending = (
+            not (self._state_cut_checked or stream.history.rebuilds)
+            or stream.hidden is None
             or self._columns_to_check is not None
-        ):
-            return Eager.CHECKS
-        return None
+        )
+        return RuntimeFacts(profiling(), pending, recomputable_from(stream.history.segments, stream.position))
 
     def run_sweep(
         self, plans: Sequence[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool
-    ) -> list[SegmentResult] | None:
+    ) -> list[SegmentResult]:
         """Run the open window, whose segments ``plans`` lists, as a sweep program (:mod:`.sweep`).
 
         Args:
@@ -168,7 +163,7 @@ class ProgramExecutor(SegmentExecutor):
         Returns:
             Each segment's result, as :meth:`run` gives it; the stream is then at the window's end, with its state
             and the window's loss, and the segments a later window reaches have joined the history as what
-            recomputes them. ``None`` where it did not run (the reach is not retained whole): nothing changed.
+            recomputes them.
 
         Raises:
             GraphCaptureError: where the capture of its program fails (``cuda_graphs=True``), or a replayed
@@ -181,8 +176,7 @@ class ProgramExecutor(SegmentExecutor):
         stream, steps = self.stream, self.model_call.layout.steps
         first, last = plans[0], plans[-1]
         reach = reach_of(stream.history.segments, first.window.cut, first.start)
-        if reach is None:
-            return None
+        assert reach is not None, "planning runs a window as a program only where its reach recomputes whole"
         xw, yw = steps(x, first.start - offset, last.end - offset), steps(y, first.start - offset, last.end - offset)
         starts = [resets.get(p.start - offset) for p in plans]
         self._check_parameters()

@@ -8,13 +8,11 @@ them, and the optimizer steps, skipping itself on the device if the check found 
 scale on the device. Nothing is read back to the host: the decisions are read once at the iteration's end, where the
 trainer reads its output anyway (:meth:`~ignite_tbptt.engine.optimizer_step.OptimizerStep.take_failure`).
 
-What a step program needs, and what runs eagerly otherwise:
-
-- an optimizer that skips its own step on the device given ``found_inf`` (``_step_supports_amp_scaling``: torch's
-  ``SGD``, ``Adam`` and ``AdamW`` with ``fused=True``, the optimizers ``GradScaler`` steps without a host read);
-- one process (a distributed step sums over processes first) and no retained segment at the step (k2 > k1 keeps
-  the weights each needs, on the host's count of versions);
-- no profiler running.
+What a step program needs, and what runs eagerly otherwise (planning decides, :func:`~ignite_tbptt.planning.plan_step`):
+an optimizer that skips its own step on the device given ``found_inf`` (``_step_supports_amp_scaling``: torch's
+``SGD``, ``Adam`` and ``AdamW`` with ``fused=True``, the optimizers ``GradScaler`` steps without a host read); one
+process (a distributed step sums over processes first); no profiler running. Retained segments (k2 > k1) need nothing
+of it: their weights were copied before the step.
 
 Values that change from step to step reach it through buffers written before each run: the target count, and each
 parameter group's learning rate, which ignite's schedulers set as a float (``LRScheduler``, ``ParamScheduler``,

@@ -63,6 +63,7 @@ __all__ = [
     "ReachWeights",
     "SwappedWeights",
     "reach_of",
+    "recomputable_from",
     "rnn_weights_kept",
 ]
 
@@ -94,6 +95,19 @@ def reach_of(segments: Sequence[Segment], cut: int, start: int) -> list[Recomput
         return None
     reach.reverse()
     return reach
+
+
+def recomputable_from(segments: Sequence[Segment], position: int) -> frozenset[int]:
+    """The cuts from which :func:`reach_of` finds the retained segments up to ``position`` whole; ``position`` too."""
+    found, end = {position}, position
+    for segment in reversed(segments):
+        owes = segment.y_pred is not None or segment.loss is not None or segment.y_grad is not None
+        if segment.end != end or segment.recomputation is None or owes:
+            break
+        if segment.recomputation.hidden is not None:
+            found.add(segment.start)
+        end = segment.start
+    return frozenset(found)
 
 
 class ReachWeights:

@@ -85,7 +85,7 @@ def test_warm_up_capture_and_replay_run_with_the_programs_device_current():
     ]
     assert current == ["cuda:0"]  # given back
     assert capture.counts.as_dict() == {
-        **{"captures": 1, "replays": 2, "warmups": 1, "eager_windows": 0, "evictions": 0},
+        **{"captures": 1, "replays": 2, "warmups": 1, "eager_windows": 0, "eager_steps": 0, "evictions": 0},
         **{"window/warmups": 1, "window/captures": 1, "window/replays": 2},
     }
 

@@ -53,7 +53,7 @@ def test_a_replay_gives_the_eager_parameters_bit_for_bit():
             states.append(program()[0].clone())
         runs[capture is None] = ([p.detach().clone() for p in model.parameters()], states)
     assert capture.counts.as_dict() == {
-        **{"captures": 1, "replays": 8, "warmups": 2, "eager_windows": 0, "evictions": 0},
+        **{"captures": 1, "replays": 8, "warmups": 2, "eager_windows": 0, "eager_steps": 0, "evictions": 0},
         **{"window/warmups": 2, "window/captures": 1, "window/replays": 8},
     }
     (eager, eager_states), (replayed, replayed_states) = runs[True], runs[False]
