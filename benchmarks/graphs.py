@@ -20,7 +20,7 @@ A second table times windows that reach back, TBPTT(5, 10) and per-token TBPTT(1
 - ``hand, exact, captured``: each window captured in one graph, the retained steps run again from the state at the
   cut with the weights they ran with (a ring of inputs and weights shifted inside the graph), the SGD step included:
   the floor for k2 > k1, nothing checked (CUDA only);
-- ``ours`` and ``ours, cuda_graphs`` (sweep programs, :mod:`ignite_tbptt.runtime.programs.sweep`).
+- ``ours`` and ``ours, cuda_graphs`` (window programs, :mod:`ignite_tbptt.runtime.programs.window`).
 
 A third table gives the programs each ``cuda_graphs`` row kept (window and step programs: one graph each
 when captured) and, on CUDA, the memory they hold while the trainer lives (their graphs' pool, static buffers and
@@ -42,7 +42,7 @@ from benchmarks import methods
 from benchmarks.overhead import make_batches
 from benchmarks.report import markdown_table, rotated, write_page
 from ignite_tbptt import create_tbptt_trainer
-from ignite_tbptt.runtime.programs.sweep import rnn_weights_kept
+from ignite_tbptt.runtime.programs.reach import rnn_weights_kept
 
 K = 5
 #: The schedules of windows that reach back.
@@ -175,8 +175,8 @@ def graphed(model, optimizer, batches, k1, k2, device):
     methods._sync(device)
     loop = trainer.tbptt.loop
     PROGRAMS[f"({k1}, {k2})"] = {
-        "window": len(loop.executor.programs),
-        "step": len(loop.optimizer_step.programs.programs),
+        "window": len(loop.executor.cache),
+        "step": len(loop.optimizer_step.step_programs.cache),
         # Held while the trainer lives: the graphs' pools, the static buffers and gradients (fused SGD keeps no state).
         "mib": (torch.cuda.memory_allocated(device) - before) / 2**20 if device.type == "cuda" else None,
     }

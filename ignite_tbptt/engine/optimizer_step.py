@@ -79,11 +79,11 @@ class OptimizerStep:
         optimizer: Any,
         scaler: torch.amp.GradScaler | None,
         accumulation: int,
-        programs: StepPrograms | None = None,
+        step_programs: StepPrograms | None = None,
     ) -> None:
         self.optimizer, self.scaler, self.accumulation = optimizer, scaler, accumulation
-        #: The step programs, with window programs (``None`` without): steps they can run, they run.
-        self.programs = programs
+        #: The step programs, with window programs (``None`` without): steps planning gives them, they run.
+        self.step_programs = step_programs
         self._program: tuple[StepProgram, RunPosition] | None = None  # the prepared step's
         self.accumulated = 0  # windows accumulated since the last step
         self.targets = 0  # their target count
@@ -186,7 +186,7 @@ class OptimizerStep:
                 found_inf = self._found_inf
                 self._due = divide_and_check(grads, divisor, found_inf[-1][0] if found_inf else None)
                 found_inf.append((self._due, position))
-                self._eager_decision = self.programs is not None
+                self._eager_decision = self.step_programs is not None
             else:
                 try:
                     refused = divide_and_check(grads, divisor, into=self._finite_on(grads[0])).item()  # one read
@@ -200,13 +200,13 @@ class OptimizerStep:
 
     def facts(self) -> RuntimeFacts:
         """What planning weighs before a step (:func:`~ignite_tbptt.planning.plan_step`)."""
-        supported = self.programs is not None and self.programs.supported
+        supported = self.step_programs is not None and self.step_programs.supported
         return RuntimeFacts(profiling(), optimizer_skips=supported, distributed=self.distributed)
 
     def _in_program(self, divisor: int, handlers: StepHandlers, position: RunPosition) -> bool:
         # The step program planning chose, unless the step has no gradient at all (nothing to capture).
-        assert self.programs is not None, "handlers are given only where steps may run as programs"
-        program = self.programs.program(divisor, handlers)
+        assert self.step_programs is not None, "handlers are given only where steps may run as programs"
+        program = self.step_programs.program(divisor, handlers)
         if program is None:
             return False
         self.carry_decision()
@@ -221,7 +221,7 @@ class OptimizerStep:
         """
         if self._eager_decision:
             # Set only with step programs (prepare), whose fill_buffers() made the buffer before a program is chosen.
-            found = self.programs.found if self.programs is not None else None
+            found = self.step_programs.found if self.step_programs is not None else None
             assert found is not None, "an eager decision is carried only into the step programs' buffer"
             found.copy_(self._found_inf[-1][0])
             self._eager_decision = False
@@ -248,7 +248,7 @@ class OptimizerStep:
             (program, position), self._program = self._program, None
             skipped = program.step()
             if self.scaler is None:  # its decision, kept for take_failure(): the buffer goes on to the next step
-                found = program.programs.found
+                found = program.steps.found
                 assert found is not None, "the step programs' fill_buffers() made it before the program was chosen"
                 self._found_inf.append((found.clone(), position))
             # With a scaler, whether it skipped the step: one read, as the eager step reads it.
@@ -261,8 +261,8 @@ class OptimizerStep:
         """Forget the device's decisions on the steps taken so far, unread (an interrupted run's)."""
         self._found_inf = []
         self._eager_decision = False
-        if self.programs is not None:
-            self.programs.forget_failure()
+        if self.step_programs is not None:
+            self.step_programs.forget_failure()
 
     def take_failure(self) -> FloatingPointError | None:
         """Read the device's decisions on the steps taken since the last call (one read), and forget them.
@@ -279,8 +279,8 @@ class OptimizerStep:
         # and all of them only when some step was refused, to name the first.
         if not decisions[-1][0].item():
             return None
-        if self.programs is not None:
-            self.programs.forget_failure()
+        if self.step_programs is not None:
+            self.step_programs.forget_failure()
         refused = torch.stack([found for found, _ in decisions]).tolist()
         first = next((position for value, (_, position) in zip(refused, decisions) if value), None)
         return None if first is None else _non_finite(_where(first), later_skipped=True)

@@ -81,7 +81,7 @@ class StreamLoop:
         carry_hidden: whether the batches of an epoch are pieces of one stream.
         target_count_fn: ``target_count_fn(y_pred, y) -> int``, or ``None`` for ``y.numel()``.
         recompute: the most steps a rebuilt segment may have in recomputation mode, or ``None``.
-        execution: how windows run: eagerly, or as window programs (:mod:`ignite_tbptt.runtime.programs.executor`).
+        execution: how windows run: eagerly, or as window programs (:mod:`ignite_tbptt.runtime.programs.window`).
 
     Raises:
         ValueError: as :meth:`use_source`.
@@ -114,10 +114,10 @@ class StreamLoop:
         self.walk = StreamWalk(self.planner, optimizer_step.one_window_per_step, history.starts)
         loss = LossRule(loss_fn, model_call, optimizer_step.scaler)
         self.executor = build_executor(
-            execution, model_call, loss, self.stream, target_count_fn, optimizer_step.programs
+            execution, model_call, loss, self.stream, target_count_fn, optimizer_step.step_programs
         )
         #: Where windows may run as programs, the executor that runs them; ``None`` where every window runs eagerly.
-        self.programs = self.executor if isinstance(self.executor, ProgramExecutor) else None
+        self.window_programs = self.executor if isinstance(self.executor, ProgramExecutor) else None
         #: The model has parameters sharded by FSDP2 and runs in a distributed group (:meth:`start_run`).
         self.sharded = False
         self.use_source(source)
@@ -135,7 +135,7 @@ class StreamLoop:
             ValueError: for a sharded model, if the window source learns from the run (each process would choose its
                 own windows), or windows run as programs (FSDP2's collectives are not captured).
         """
-        check_source(self.source, self.programs is not None, sharded)
+        check_source(self.source, self.window_programs is not None, sharded)
         self.sharded = self.executor.backward_without_targets = sharded
         self.failed = None
         self.optimizer_step.forget_failure()
@@ -159,8 +159,8 @@ class StreamLoop:
                 k2 != k1, ARTBP), or reach back while the optimizer trains parameters that are neither the model's
                 nor ``initial_state``'s (:class:`~ignite_tbptt.runtime.SwappedWeights`).
         """
-        check_source(source, self.programs is not None, self.sharded)
-        if self.programs is not None:
+        check_source(source, self.window_programs is not None, self.sharded)
+        if self.window_programs is not None:
             _check_swappable(source, self.executor.model_call, self.optimizer_step.parameters())
         if source.spans_windows:  # only windows reaching into earlier ones keep graphs across an optimizer step
             self.history.keep_weight_versions()
@@ -256,7 +256,7 @@ class StreamLoop:
         while stream.position < batch.end and self.failed is None:
             if planner.window is None:
                 self.open_window()
-                if self.programs is not None:
+                if self.window_programs is not None:
                     swept = self._run_program(batch, x, y, resets, keep_predictions)
                     if swept is not None:
                         yield from swept
@@ -270,14 +270,14 @@ class StreamLoop:
         self, batch: BatchPlan, x: Any, y: Any, resets: Resets, keep: bool
     ) -> list[tuple[SegmentPlan, SegmentResult, bool]] | None:
         # The window just opened, as one program where planning says so; None where it runs eagerly, counted.
-        programs = self.programs
-        assert programs is not None, "asked only where windows may run as programs"
+        executor = self.window_programs
+        assert executor is not None, "asked only where windows may run as programs"
         position, one_window_per_step = self.stream.position, self.walk.one_window_per_step
-        plans, eager = plan_window(self.planner, batch, position, one_window_per_step, programs.facts())
+        plans, eager = plan_window(self.planner, batch, position, one_window_per_step, executor.facts())
         if eager is not None:
-            programs.counts.ran_eagerly(eager)
+            executor.counts.ran_eagerly(eager)
             return None
-        results = programs.run_sweep(plans, x, y, resets, batch.start, keep)
+        results = executor.run_window(plans, x, y, resets, batch.start, keep)
         return [(plan, result, True) for plan, result in zip(plans, results)]
 
     def segment_done(self, batch: BatchPlan, plan: SegmentPlan, result: SegmentResult, swept: bool = False) -> None:
@@ -302,14 +302,14 @@ class StreamLoop:
     def close_window(self, end: int, stream_continues: bool, swept: bool = False) -> None:
         """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due.
 
-        ``swept``: a sweep program ran the window and its backward pass; only what no later window reaches is
+        ``swept``: a window program ran the window and its backward pass; only what no later window reaches is
         dropped.
         """
         stream, executor, listener = self.stream, self.executor, self.listener
         plan = self.walk.close(end, stream_continues)
         if swept:
-            assert self.programs is not None, "only a program executor sweeps a window at once"
-            self.programs.close_swept(plan)
+            assert self.window_programs is not None, "only a program executor sweeps a window at once"
+            self.window_programs.close_swept(plan)
             reach = None
         else:
             reach = executor.close_window(plan)
@@ -354,12 +354,12 @@ class StreamLoop:
         # Retained segments need nothing of the step: their weights were copied before it (take_step). Where steps
         # may run as programs, planning says whether this one does; it runs with the handlers it is prepared with.
         handlers = None
-        if step.programs is not None:
+        if step.step_programs is not None:
             refused = plan_step(step.facts())
             if refused is None:
                 handlers = listener.step_handlers()
             else:
-                step.programs.counts.ran_eagerly(refused, "step")
+                step.step_programs.counts.ran_eagerly(refused, "step")
         targets = step.prepare(listener.position(), handlers)
         if not targets:
             return

@@ -176,16 +176,16 @@ def tbptt_training_step(
 
 
 def _optimizer_step(optimizer: Any, scaler: Any, accumulation: int, execution: Execution) -> OptimizerStep:
-    # With window programs, the optimizer step runs as a program too where it can.
-    programs = None
+    # With window programs, the optimizer step runs as a program too where planning says so.
+    step_programs = None
     if execution is not Execution.EAGER:
-        programs = StepPrograms(optimizer, scaler, execution.graph_capture())
-    return OptimizerStep(optimizer, scaler, accumulation, programs)
+        step_programs = StepPrograms(optimizer, scaler, execution.graph_capture())
+    return OptimizerStep(optimizer, scaler, accumulation, step_programs)
 
 
 def _execution(cuda_graphs: Any, device_type: str) -> Execution:
-    # The one decision of how windows run; which windows a program may run is the plans' (planning/execution.py),
-    # and whether the window source allows programs, the stream loop's as the source is installed.
+    # How windows run, read from cuda_graphs once; which windows and steps run as programs, and which window sources
+    # programs take, planning decides (planning/execution.py).
     if cuda_graphs is False or cuda_graphs is None:
         return Execution.EAGER
     if cuda_graphs is True:

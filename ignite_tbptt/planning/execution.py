@@ -15,6 +15,7 @@ per replay"). The window sources a program cannot run are refused here too, as a
 from __future__ import annotations
 
 import enum
+import warnings
 from typing import NamedTuple
 
 from .batch_plan import BatchPlan
@@ -62,7 +63,8 @@ class RuntimeFacts(NamedTuple):
     checks_pending: bool = False
     #: The steps from which the retained segments, up to the stream's position, are kept whole as what recomputes
     #: them, the first with a state to start from; the position itself always (a window that reaches nothing).
-    recomputable_from: frozenset[int] = frozenset()
+    #: ``None``: not weighed.
+    recomputable_from: frozenset[int] | None = None
     #: The optimizer skips its own step on the device, given the inf/NaN decision.
     optimizer_skips: bool = True
     #: Gradients are summed over processes before each step.
@@ -107,7 +109,8 @@ def plan_window(
         batch: the batch at hand.
         position: the stream's step, the window's first.
         one_window_per_step: as :func:`~ignite_tbptt.planning.plan_segment` takes it.
-        facts: what the runtime knows now.
+        facts: what the runtime knows now; an :class:`Eager` reason or ``None`` (``blocked``, before 0.5) is
+            deprecated (the retained reach is then not weighed).
 
     Examples:
         >>> from ignite_tbptt.planning import RuntimeFacts, Schedule, StreamPlanner, plan_batch
@@ -121,7 +124,16 @@ def plan_window(
         >>> plan_window(planner, plan_batch(8, 1, False, {}), 8, False, facts).eager
         <Eager.BATCH_ENDS_INSIDE: 'batch_ends_inside'>
     """
-    refused = program_refused(facts, step=False)
+    if not isinstance(facts, RuntimeFacts):  # the runtime's reason, as planning took it before 0.5 (``blocked``)
+        warnings.warn(
+            "plan_window(..., blocked) is deprecated: pass what the runtime knows as RuntimeFacts; the reason goes in "
+            "0.6.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        facts, refused = RuntimeFacts(), facts
+    else:
+        refused = program_refused(facts, step=False)
     if refused is None and planner.recorded:
         refused = Eager.RECORDED
     if refused is not None:
@@ -129,7 +141,8 @@ def plan_window(
     segments = _window_segments(planner, batch, position, one_window_per_step)
     if isinstance(segments, Eager):
         return WindowExecution((), segments)
-    if segments[0].window.cut not in facts.recomputable_from:
+    recomputable = facts.recomputable_from
+    if recomputable is not None and segments[0].window.cut not in recomputable:
         return WindowExecution((), Eager.REACH_NOT_RETAINED)
     return WindowExecution(segments, None)
 

@@ -16,6 +16,9 @@ import torch, :mod:`ignite_tbptt.planning` and each other, never ignite. A new k
 flattened, detached, reset) goes here.
 """
 
+import warnings
+from typing import Any
+
 from .backward_sweep import Recomputation, RetainedHistory, Segment, reach_profile
 from .compiled import retainable
 from .executor import SegmentExecutor, SegmentResult
@@ -41,7 +44,7 @@ from .programs import (
     StepProgram,
     StepPrograms,
     SwappedWeights,
-    SweepProgram,
+    WindowProgram,
     build_executor,
 )
 from .reset import Resets, check_resettable, default_reset_hidden, reset_to
@@ -86,7 +89,7 @@ __all__ = [
     "Execution",
     "build_executor",
     "ProgramExecutor",
-    "SweepProgram",
+    "WindowProgram",
     "SwappedWeights",
     "GraphCaptureError",
     "GraphCapture",
@@ -105,3 +108,16 @@ __all__ = [
     "is_sharded",
     "reduce_gradients_by_sum",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Names kept for one minor release under their old spelling (CHANGELOG.md, "Deprecated").
+    if name == "SweepProgram":
+        warnings.warn(
+            "ignite_tbptt.runtime.SweepProgram is now WindowProgram (a window's program, its reach back included); "
+            "the old name goes in 0.6.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return WindowProgram
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -206,7 +206,7 @@ class RetainedHistory:
     def keep_only_recomputations(self, count: int) -> None:
         """The newest ``count`` segments keep what recomputes them and drop their graphs.
 
-        A program that runs them again (a sweep program's reach) must not run while their eager graphs live: those
+        A program that runs them again (a window program's reach) must not run while their eager graphs live: those
         keep the parameters' AccumulateGrad nodes of the stream they ran on, which a capture cannot depend on. A
         later eager sweep rebuilds them, as recomputation does.
         """
@@ -277,7 +277,7 @@ class RetainedHistory:
         current = [p.detach().clone() for p in params] if old else None
         # The parameters are borrowed and given back bit for bit: their version counters say so. Counted, the two
         # copies would read as a change to the graphs that saved the live parameters since the last step (the
-        # window's own segments, kept for the next window: a window that a sweep program's segments reach).
+        # window's own segments, kept for the next window: a window that a window program's segments reach).
         kept = torch.autograd._unsafe_preserve_version_counter(tuple(params)) if old else nullcontext()
         with kept:
             if version is not None:

@@ -5,7 +5,7 @@ do with each segment, and the process function fires ignite's events around it; 
 carries the plan out: the model call, the segment's per-token backward or the loss gradient it owes to its window's
 backward sweep, what the retained history keeps, and the sweep when the window closes. As in
 ``torch.distributed.pipelining``, where a schedule is data and one runtime executes it, a second executor runs the
-same plans: :class:`~ignite_tbptt.runtime.programs.executor.ProgramExecutor` (``cuda_graphs``) runs a window whole
+same plans: :class:`~ignite_tbptt.runtime.programs.window.ProgramExecutor` (``cuda_graphs``) runs a window whole
 as one program where :func:`~ignite_tbptt.planning.plan_window` says so, and the other segments as this one does.
 """
 

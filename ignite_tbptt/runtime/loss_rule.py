@@ -5,7 +5,7 @@ that mean where the segment is its optimizer step's only window (``SegmentPlan.b
 its targets, ``n`` times the mean, which the optimizer step divides by the target count of all its windows
 (SPEC.md, "Normalisation"). Every backward pass starts from the loss multiplied by the ``GradScaler``'s scale,
 where there is one. The eager :class:`~ignite_tbptt.runtime.SegmentExecutor` and the window programs
-(:mod:`ignite_tbptt.runtime.programs.executor`) both take their losses from here, so that a program gives the eager
+(:mod:`ignite_tbptt.runtime.programs.window`) both take their losses from here, so that a program gives the eager
 path's gradients bit for bit.
 """
 

@@ -91,3 +91,15 @@ def test_why_an_optimizer_step_runs_eagerly():
     assert plan_step(RuntimeFacts(distributed=True)) is Eager.DISTRIBUTED
     # The model call's first checks concern windows only.
     assert plan_step(RuntimeFacts(checks_pending=True)) is None
+
+
+def test_the_reason_plan_window_took_before_facts_still_answers_with_a_warning():
+    import pytest
+
+    planner = StreamPlanner(Schedule(4, 4))
+    planner.open_window(0, 1)
+    batch = plan_batch(0, 8, False, {})
+    with pytest.warns(DeprecationWarning, match="RuntimeFacts"):
+        assert plan_window(planner, batch, 0, False, Eager.CHECKS) == ((), Eager.CHECKS)
+    with pytest.warns(DeprecationWarning, match="RuntimeFacts"):
+        assert plan_window(planner, batch, 0, False, None) == plan_window(planner, batch, 0, False, ALL)

@@ -1,6 +1,6 @@
 """A program: a body of tensor operations on static buffers, run eagerly or captured once in a CUDA graph and replayed.
 
-Sweep and step programs (:mod:`~ignite_tbptt.runtime.programs.sweep`, :mod:`~ignite_tbptt.runtime.programs.step`)
+Window and step programs (:mod:`~ignite_tbptt.runtime.programs.window`, :mod:`~ignite_tbptt.runtime.programs.step`)
 are bodies of this kind: they read their inputs from buffers written before each run and leave their results in
 tensors read right after it. Uncaptured, a :class:`Program` runs its body every time, on any device: the same
 operations on the same buffers, which is how programs are tested on the CPU. Captured, it runs its body eagerly
@@ -15,6 +15,11 @@ outputs are read before the next replay, so one graph's temporaries may reuse an
 replay (an inf/NaN decision carried from step to step, an optimizer's state) is allocated outside the pool, before
 capture.
 
+A trainer keeps at most a limit of programs (:class:`ProgramCache`), one per shape of window or step: shapes that stop
+coming (sequence starts at places that do not recur, a batch length seen once) do not hold their slot, the least
+recently used is dropped for a new one and the drop counted. :class:`ProgramCounts` counts how they ran, which a user
+reads as ``engine.state.programs`` and :func:`~ignite_tbptt.attach_tensorboard` logs under ``train/programs/``.
+
 Sources: PyTorch's CUDA semantics notes, "CUDA Graphs" (whole-network capture: warm-up on a side stream, static
 inputs copied in, outputs read after ``replay()``; "Graph memory management": graphs sharing a pool).
 """
@@ -22,17 +27,27 @@ inputs copied in, outputs read after ``replay()``; "Graph memory management": gr
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
+from ...planning import Eager
 from ..profiling import NO_CONTEXT
-from .cache import ProgramCounts
 
-__all__ = ["GraphCapture", "Program", "GraphCaptureError", "StaticInputs", "copied_out"]
+__all__ = [
+    "GraphCapture",
+    "Program",
+    "GraphCaptureError",
+    "StaticInputs",
+    "copied_out",
+    "ProgramCounts",
+    "ProgramCache",
+]
 
 
 class GraphCaptureError(RuntimeError):
@@ -212,3 +227,99 @@ def copied_out(outputs: Any, fresh: bool) -> Any:
     The next replay overwrites a graph's outputs, and a handler may keep a window's values.
     """
     return outputs if fresh else pytree.tree_map_only(torch.Tensor, torch.clone, outputs)
+
+
+@dataclass
+class ProgramCounts:
+    """How a trainer's programs ran so far (``cuda_graphs``), summed over window and step programs."""
+
+    #: Programs captured (a CUDA graph, or a recording with ``cuda_graphs="replayed"``).
+    captures: int = 0
+    #: Replays of captured programs.
+    replays: int = 0
+    #: Eager runs of programs before their capture, as CUDA's warm-up asks.
+    warmups: int = 0
+    #: Windows that ran eagerly, segment by segment, outside any program (a stream's first, one the batch ends
+    #: inside, ...).
+    eager_windows: int = 0
+    #: Optimizer steps taken eagerly, outside any program (an optimizer that cannot skip on the device, ...).
+    eager_steps: int = 0
+    #: Programs dropped, least recently used first, to make room for a new one.
+    evictions: int = 0
+    #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.Eager`'s values), and the steps as
+    #: ``step/<reason>``, those with any.
+    eager: dict[str, int] = field(default_factory=dict)
+    #: The warm-ups, captures and replays by kind of program (``"window"``: window programs, ``"step"``:
+    #: step programs), those with any: what a run on a GPU certifies is that each kind was captured and replayed.
+    kinds: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def ran(self, kind: str, how: str) -> None:
+        """A program of ``kind`` ran ``how`` (``"warmups"``, ``"captures"``, ``"replays"``): counted, and by kind."""
+        setattr(self, how, getattr(self, how) + 1)
+        by_kind = self.kinds.setdefault(kind, {})
+        by_kind[how] = by_kind.get(how, 0) + 1
+
+    def ran_eagerly(self, reason: Eager, kind: str = "window") -> None:
+        """A window runs segment by segment, or an optimizer step (``kind="step"``) eagerly, for ``reason``."""
+        name = reason.value
+        if kind == "step":
+            self.eager_steps += 1
+            name = f"step/{name}"
+        else:
+            self.eager_windows += 1
+        self.eager[name] = self.eager.get(name, 0) + 1
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts by name; the reasons as ``eager/<reason>``, the kinds' as ``<kind>/<count>``."""
+        counts = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("eager", "kinds")}
+        by_kind = {f"{kind}/{how}": n for kind, ns in self.kinds.items() for how, n in ns.items()}
+        return {**counts, **{f"eager/{reason}": n for reason, n in self.eager.items()}, **by_kind}
+
+
+class ProgramCache:
+    """Programs by key, at most ``limit``; a new one drops the least recently used.
+
+    Args:
+        limit: the most programs kept.
+        counts: where the drops are counted.
+    """
+
+    def __init__(self, limit: int, counts: ProgramCounts) -> None:
+        self.limit, self.counts = limit, counts
+        self._programs: OrderedDict[Hashable, Any] = OrderedDict()
+
+    def fetch(self, key: Hashable, make: Callable[[], Any], valid: Callable[[Any], bool] | None = None) -> Any:
+        """The program of ``key``, now the most recently used; made by ``make()`` where there is none or it is stale.
+
+        ``valid(program)``: whether it is still valid (what it was made for is unchanged). A new program drops the
+        least recently used where the cache is full.
+        """
+        program = self._programs.get(key)
+        if program is not None and (valid is None or valid(program)):
+            self._programs.move_to_end(key)
+            return program
+        self._programs.pop(key, None)
+        while len(self._programs) >= self.limit:
+            self._programs.popitem(last=False)
+            self.counts.evictions += 1
+        program = self._programs[key] = make()
+        return program
+
+    def drop(self, program: Any) -> None:
+        """Forget ``program`` (what it was captured for changed)."""
+        for key in [k for k, p in self._programs.items() if p is program]:
+            del self._programs[key]
+
+    def clear(self) -> None:
+        """Forget every program."""
+        self._programs.clear()
+
+    def __len__(self) -> int:
+        return len(self._programs)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter(self._programs)
+
+    def values(self) -> list[Any]:
+        """The programs, least recently used first."""
+        return list(self._programs.values())

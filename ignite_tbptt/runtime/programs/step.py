@@ -50,8 +50,7 @@ from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 
 from ..gradients import divide_and_check, skips_on_device
 from ..step_body import gradients_of, parameters_of, step_optimizer, unscale_and_divide
-from .cache import ProgramCache, ProgramCounts
-from .capture import GraphCapture, Program, copied_out
+from .capture import GraphCapture, Program, ProgramCache, ProgramCounts, copied_out
 from .replayed_capture import ReplayedCapture
 
 __all__ = ["StaticGradients", "StepHandler", "StepHandlers", "StepPrograms", "StepProgram"]
@@ -152,7 +151,7 @@ class StepPrograms:
         self.gradients = StaticGradients()
         #: How the programs ran (``engine.state.programs``), shared with the window programs.
         self.counts = capture.counts if capture is not None else ProgramCounts()
-        self.programs = ProgramCache(limit, self.counts)
+        self.cache = ProgramCache(limit, self.counts)
         if isinstance(capture, ReplayedCapture):  # its errors name the optimizer's state
             capture.name(self._state_by_name)
         self.device: torch.device | None = None
@@ -178,7 +177,7 @@ class StepPrograms:
             return None
         key = (present, tuple(h.key for h in handlers.on_device), handlers.host_first, len(settings), self.identity())
         # Made again where a hyper-parameter other than the learning rate changed, or the state has new tensors.
-        program = self.programs.fetch(
+        program = self.cache.fetch(
             key,
             lambda: StepProgram(self, handlers.on_device, handlers.host_first, settings),
             lambda p: same_settings(p.settings, settings) and not p.stale(),
@@ -315,26 +314,24 @@ class StepPrograms:
 
     def clear(self) -> None:
         """Forget every program (the parameters moved, the groups changed)."""
-        self.programs.clear()
+        self.cache.clear()
 
 
 class StepProgram:
     """One kind of optimizer step as one program, or two around the host's handlers (``split``)."""
 
-    def __init__(
-        self, programs: StepPrograms, handlers: Sequence[StepHandler], split: bool, settings: list[dict]
-    ) -> None:
-        self.programs, self.handlers, self.settings = programs, tuple(handlers), settings
-        capture = programs.capture
+    def __init__(self, steps: StepPrograms, handlers: Sequence[StepHandler], split: bool, settings: list[dict]) -> None:
+        self.steps, self.handlers, self.settings = steps, tuple(handlers), settings
+        capture = steps.capture
         self.before = Program(self._divide, capture, "the optimizer step", "step") if split else None
         self.after = Program(self._step if split else self._whole, capture, "the optimizer step", "step")
         self._state: tuple | None = None  # where the optimizer's state tensors were as the step was captured
 
     def stale(self) -> bool:
         """Whether the optimizer's state has other tensors than the captured step reads (then it must not replay)."""
-        if self.programs.capture is None:
+        if self.steps.capture is None:
             return False  # its Python runs every step, and reads the state as it is
-        now = self.programs.state_tensors()
+        now = self.steps.state_tensors()
         if self.after.graph is None:  # not captured yet: its capture will read the state as it is then
             self._state = now
             return False
@@ -345,7 +342,7 @@ class StepProgram:
         if self.before is not None:
             found, fresh = self.before()
             if found is not None and not fresh:
-                self.programs.unscaled(found)
+                self.steps.unscaled(found)
 
     def step(self) -> torch.Tensor | None:
         """Run the rest of the step: the division and check (unless run before), device handlers, step, update.
@@ -353,16 +350,16 @@ class StepProgram:
         Returns:
             With an enabled scaler, whether it skipped the step (a 0-dim tensor); else ``None``.
         """
-        programs = self.programs
+        steps = self.steps
         # A split step: the host's handlers ran since the program was chosen. A parameter given a new .grad goes back
         # into its buffer, and a learning rate they set reaches this step. Another hyper-parameter they changed is not
         # in the captured step: this once the step runs uncaptured, and the next gets a program of its own.
-        if self.before is not None and not same_settings(self.settings, programs.fill_buffers()[1]):
-            programs.programs.drop(self)
-            return self._host_parts(*programs.step(self.handlers), fresh=True)
+        if self.before is not None and not same_settings(self.settings, steps.fill_buffers()[1]):
+            steps.cache.drop(self)
+            return self._host_parts(*steps.step(self.handlers), fresh=True)
         (outputs, skipped), fresh = self.after()
-        if programs.scaler is not None and not fresh:
-            programs.updated()
+        if steps.scaler is not None and not fresh:
+            steps.updated()
         return self._host_parts(outputs, skipped, fresh)
 
     def _host_parts(self, outputs: list, skipped: torch.Tensor | None, fresh: bool) -> torch.Tensor | None:
@@ -377,12 +374,12 @@ class StepProgram:
         return self._step()
 
     def _divide(self) -> dict | None:
-        divisor = self.programs.divisor
+        divisor = self.steps.divisor
         assert divisor is not None, "StepPrograms.program() wrote it before this program runs"
-        return self.programs.divide(divisor)
+        return self.steps.divide(divisor)
 
     def _step(self) -> tuple[list, Any]:
-        return self.programs.step(self.handlers)
+        return self.steps.step(self.handlers)
 
 
 def same_settings(a: list[dict], b: list[dict]) -> bool:

@@ -24,7 +24,7 @@ def replayed_mode(request, monkeypatch):
 
     For the sweep and step programs' tests: a replayed run runs each program's Python at its warm-up and its
     capture, and an uncaptured one only that Python every window; the window programs' tests
-    (``test_executor.py``) and the property test run both.
+    (``test_window.py``) and the property test run both.
     """
     yield from _in_mode(request.param, monkeypatch)
 

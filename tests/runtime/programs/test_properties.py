@@ -2,7 +2,7 @@
 
 Whatever k1 <= k2 (k2 up to 4 k1), accumulation, batch lengths (batches ending inside windows), per-column sequence
 starts at arbitrary steps, target counts and fused optimizer: programs uncaptured and replayed under capture's rules
-give the eager trainer's parameters, within 1e-12 (a sweep program sums a window's gradient in another order).
+give the eager trainer's parameters, within 1e-12 (a window program sums a window's gradient in another order).
 """
 
 import contextlib
@@ -17,7 +17,7 @@ from torch import nn
 from ignite_tbptt import count_targets, create_tbptt_trainer
 from ignite_tbptt.runtime.programs.replayed_capture import ReplayedCapture
 
-from .test_executor import CharModel, loss_fn, summed_over_count
+from .test_window import CharModel, loss_fn, summed_over_count
 
 pytestmark = pytest.mark.cpu_only("the property compares the programs run on the CPU, uncaptured and replayed")
 
@@ -98,7 +98,7 @@ def test_programs_give_the_eager_parameters_over_random_schedules_and_starts(
 
 def test_a_window_reaching_a_swept_segment_keeps_the_live_parameters_of_its_own(device):
     # TBPTT(5, 10) on 3 columns, batches ending inside windows, five sequence starts. A window of two eager calls
-    # (a start inside it) reaches segments a sweep program left as what recomputes them: their rebuild borrowed the
+    # (a start inside it) reaches segments a window program left as what recomputes them: their rebuild borrowed the
     # parameters for their weights and gave them back, which read as a change to the parameters the window's own
     # segments had saved, and the next window's backward pass stopped ("modified in place (version 9 -> 11)").
     data = stream([23, 30, 17, 26, 21], 0.0, 0.0, seed=0)

@@ -14,7 +14,7 @@ from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime import GraphCaptureError, Program
 from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError, ReplayedCapture
 
-from .test_executor import CharModel, batches, loss_fn
+from .test_window import CharModel, batches, loss_fn
 
 pytestmark = pytest.mark.cpu_only("the recording replays on the device it recorded, checked here on the CPU")
 

@@ -19,7 +19,7 @@ from ignite_tbptt.runtime.programs import step as step_programs
 from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError
 
 from .program_mode import assert_replayed, mode
-from .test_executor import CharModel, assert_same, batches, loss_fn, programs
+from .test_window import CharModel, assert_same, batches, loss_fn, programs
 
 pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
 

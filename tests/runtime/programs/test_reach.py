@@ -3,7 +3,7 @@
 Each test trains eagerly and with programs (uncaptured on the CPU, captured under ``--device cuda``) and compares the
 parameters: bit for bit on the CPU where each window is one model call and each step one window (the eager sweep's
 order of additions), to float64 rounding (1e-12) otherwise, where the program sums the calls' losses before one
-backward pass and adds a step's earlier gradient to the window's sum. Each counts the windows sweep programs ran, so
+backward pass and adds a step's earlier gradient to the window's sum. Each counts the windows window programs ran, so
 that it cannot pass with none.
 """
 
@@ -12,10 +12,11 @@ import torch
 from torch import nn
 
 from ignite_tbptt import GradientReach, count_targets, create_tbptt_trainer
-from ignite_tbptt.runtime.programs import sweep as sweep_programs
+from ignite_tbptt.runtime.programs import window as window_programs
 
 from .program_mode import assert_replayed
-from .test_executor import (
+from .test_step import fused_adam
+from .test_window import (
     CharModel,
     KeepsItsState,
     assert_same_parameters,
@@ -29,15 +30,14 @@ from .test_executor import (
     train_with,
     with_window_starts,
 )
-from .test_step import fused_adam
 
 pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
 
 
 def swept(runs):
-    """The runs of sweep programs but window programs (one call, reaching nothing, not rebuilt: one of them too)."""
+    """The runs of window programs of several calls, a reach back or a rebuild (not one call reaching nothing)."""
     return [
-        r for r in runs if isinstance(r, sweep_programs.SweepProgram) and (r.pieces or len(r.calls) > 1 or r.rebuilds)
+        r for r in runs if isinstance(r, window_programs.WindowProgram) and (r.pieces or len(r.calls) > 1 or r.rebuilds)
     ]
 
 
@@ -253,12 +253,12 @@ def test_a_model_drawing_random_numbers_is_refused_before_its_window_changes_any
     with pytest.raises(ValueError, match=r"model drew random numbers"):
         recomputing.run(batches(), max_epochs=1)
     step = trainer._process_function.loop
-    # The stream's first two windows ran eagerly; the third, the first sweep program, was refused, before it added
+    # The stream's first two windows ran eagerly; the third, the first window program, was refused, before it added
     # a gradient: the parameters are the second step's.
     assert trainer.state.window == 3 and step.stream.position == 10 and trainer.state.optimizer_step == 2
     assert all(p.grad is None for p in model.parameters())
     # The program checks again at its next run: a refused run does not count as checked.
-    refused = [p for p in step.executor.programs.values() if isinstance(p, sweep_programs.SweepProgram)]
+    refused = [p for p in step.executor.cache.values() if isinstance(p, window_programs.WindowProgram)]
     assert len(refused) == 1 and not refused[0].checked
 
 
@@ -304,7 +304,7 @@ def test_recurrent_dropout_between_layers_is_refused_where_graphs_are_captured_a
     "k1, k2, recompute", [(5, 5, 2), (5, 10, 2), (5, 7, 3), (1, 8, 1)], ids=["(5, 5)", "(5, 10)", "(5, 7)", "(1, 8)"]
 )
 def test_recomputation_mode_runs_as_sweep_programs_that_keep_no_activation(device, k1, k2, recompute):
-    # With recompute, every window is a sweep program whose calls (of at most `recompute` steps) and retained
+    # With recompute, every window is a window program whose calls (of at most `recompute` steps) and retained
     # segments keep no activation: the backward pass runs each forward pass again, as the eager sweep rebuilds them.
     data = batches()
     options = {"k1": k1, "k2": k2, "recompute": recompute, "carry_hidden": True}
@@ -369,7 +369,7 @@ def test_resuming_mid_epoch_rebuilds_the_history_sweep_programs_recompute_from(t
 
 
 def test_predictions_of_every_call_reach_output_transform(device):
-    # output_transform gets the batch's predictions, each sweep program's calls' among them, in order.
+    # output_transform gets the batch's predictions, each window program's calls' among them, in order.
     def keep(x, y, y_pred, loss):
         return y_pred
 

@@ -24,8 +24,7 @@ from ignite_tbptt import (
     create_tbptt_trainer,
 )
 from ignite_tbptt.runtime import model_call
-from ignite_tbptt.runtime.programs import executor as program_executor
-from ignite_tbptt.runtime.programs import sweep as sweep_programs
+from ignite_tbptt.runtime.programs import window as window_programs
 
 from .program_mode import assert_replayed, mode, programs
 
@@ -82,13 +81,13 @@ def train(
 def counting_programs():
     """The windows programs ran in the block, one entry per window (one program each), in order."""
     runs = []
-    reaching = sweep_programs.SweepProgram.__call__
+    reaching = window_programs.WindowProgram.__call__
 
     def counted_reaching(self, *args):
         runs.append(self)
         return reaching(self, *args)
 
-    with mock.patch.object(sweep_programs.SweepProgram, "__call__", counted_reaching):
+    with mock.patch.object(window_programs.WindowProgram, "__call__", counted_reaching):
         yield runs
 
 
@@ -169,7 +168,7 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached, k1, k2
                     node.register_prehook(Marker((engine.state.window, i)))
             program_ran[0] = False
 
-    # With k2 > k1 a sweep program's reach may hold segments an eager window retained: their graphs too.
+    # With k2 > k1 a window program's reach may hold segments an eager window retained: their graphs too.
     def checked(original):
         def run(self, *args):
             alive_at_programs.append(made - released)
@@ -178,7 +177,7 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached, k1, k2
 
         return run
 
-    with mock.patch.object(sweep_programs.SweepProgram, "__call__", checked(sweep_programs.SweepProgram.__call__)):
+    with mock.patch.object(window_programs.WindowProgram, "__call__", checked(window_programs.WindowProgram.__call__)):
         model = functools.partial(CachesItsState, lstm=cached == "lstm") if cached else None
         options = {"carry_hidden": True, "k1": k1, "k2": k2}
         _, _, runs = train(True, batches(), handlers=[mark_eager_windows], model=model, **options)
@@ -198,12 +197,12 @@ def test_sequence_starts_reset_inside_the_program_and_split_windows_run_as_sweep
     eager, _, _ = train(False, with_starts, carry_hidden=True)
     with counting_programs() as programs_run:
         graphed_model, trainer, runs = train(True, with_starts, carry_hidden=True)
-    # The split windows' two calls are one backward pass in a sweep program: float64 rounding (test_sweep.py).
+    # The split windows' two calls are one backward pass in a window program: float64 rounding (test_reach.py).
     assert_same_parameters(eager.parameters(), graphed_model.parameters(), torch.device("cuda"))
-    calls = [key[4] for key in trainer._process_function.loop.executor.programs]  # each program's calls
+    calls = [key[4] for key in trainer._process_function.loop.executor.cache]  # each program's calls
     whole = [c[0] for c in calls if len(c) == 1]  # the window programs: one call each
     assert any(c.resets for c in whole) and any(not c.resets for c in whole)  # with a reset mask and without
-    # The window holding step 7 of each batch is split: a sweep program, but the run's second window (whose state
+    # The window holding step 7 of each batch is split: a window program, but the run's second window (whose state
     # the trainer checks the model read), and each stream's first window, which run eagerly.
     assert runs == 40 - 3
     assert sum(len(run.calls) > 1 for run in programs_run) == 8 - 1
@@ -261,15 +260,15 @@ def test_a_grad_scaler_scales_each_program_backward(device):
 def test_shapes_past_the_limit_run_eagerly(device):
     data = [batches(length=length, count=1, seed=length)[0] for length in (25, 23, 22, 21)]
     eager, _, _ = train(False, data, carry_hidden=False)
-    with mock.patch.object(program_executor.ProgramExecutor, "__init__", _limited(2)):
+    with mock.patch.object(window_programs.ProgramExecutor, "__init__", _limited(2)):
         graphed_model, trainer, runs = train(True, data, carry_hidden=False)
     assert_same(eager, graphed_model, device)
     # Shapes of 5 steps and of 3 steps (25 % 5 = 0, 23 % 5 = 3) are programs; 2 and 1 steps run eagerly.
-    assert len(trainer._process_function.loop.executor.programs) == 2
+    assert len(trainer._process_function.loop.executor.cache) == 2
 
 
 def _limited(limit):
-    original = program_executor.ProgramExecutor.__init__
+    original = window_programs.ProgramExecutor.__init__
 
     def init(self, *args, **kwargs):
         original(self, *args, **{**kwargs, "limit": limit})
@@ -450,7 +449,7 @@ def test_state_kept_in_the_models_attributes(device, starts, fused):
     # 5 windows a batch, 8 batches, a stream an epoch: each stream's first window and the run's second run eagerly,
     # the others as programs (the starts fall at windows' first steps, which a program resets as a mask).
     assert len(runs) == 40 - 2 - 1
-    assert all(isinstance(r, sweep_programs.SweepProgram) for r in runs)
+    assert all(isinstance(r, window_programs.WindowProgram) for r in runs)
     assert_same_parameters(eager, graphed_params, device)
 
 
@@ -525,7 +524,7 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device, fused):
     with counting_programs() as runs:
         graphed_params = trained(True)
     assert len(runs) == 40 - 2 - 1  # 5 windows a batch, 4 batches, 2 epochs of one stream each
-    assert all(isinstance(r, sweep_programs.SweepProgram) for r in runs)
+    assert all(isinstance(r, window_programs.WindowProgram) for r in runs)
     assert_same_parameters(eager, graphed_params, device, rtol=1e-5, atol=1e-6)  # captured kernels: float32
 
 
@@ -540,7 +539,7 @@ def test_shapes_past_the_limit_drop_the_least_recently_used_program_and_windows_
     options = {"carry_hidden": True, "k2": 10}
     eager, _, _ = train(False, data, **options)
     model, trainer, _ = train(True, data, **options)
-    with mock.patch.dict(program_executor.ProgramExecutor.__init__.__kwdefaults__, {"limit": 1000}):
+    with mock.patch.dict(window_programs.ProgramExecutor.__init__.__kwdefaults__, {"limit": 1000}):
         _, unlimited, _ = train(True, data, **options)
     for p, q in zip(eager.parameters(), model.parameters()):
         torch.testing.assert_close(q, p, rtol=1e-12, atol=1e-12)
@@ -562,7 +561,7 @@ def test_each_window_run_eagerly_is_counted_with_its_reason(device):
     assert counts.as_dict()["eager/batch_ends_inside"] == 6
 
 
-@pytest.mark.parametrize("k2", [5, 10], ids=["window programs", "sweep programs"])
+@pytest.mark.parametrize("k2", [5, 10], ids=["one call", "reaching back"])
 def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k2):
     # A graph's outputs are overwritten by its next replay, so what the host keeps is copied out; the predictions (a
     # window's (T, B, vocabulary) logits) only where output_transform takes them.
@@ -581,10 +580,17 @@ def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k
         options = {"k2": k2, "carry_hidden": True}
         if asked:
             options["output_transform"] = lambda x, y, y_pred, loss: (y_pred, y)
-        with mock.patch.object(sweep_programs, "copied_out", spying(sweep_programs.copied_out)):
+        with mock.patch.object(window_programs, "copied_out", spying(window_programs.copied_out)):
             train(True, batches(), **options)
         predictions = [shape for shape in copied if shape[-1:] == (10,)]  # (5, 4, 10): the logits over 10 tokens
         if mode() == "uncaptured":
             assert not copied  # an uncaptured run's outputs are its own
         else:
             assert copied and bool(predictions) == asked
+
+
+def test_the_window_programs_old_name_still_imports_with_a_warning():
+    import ignite_tbptt.runtime as runtime
+
+    with pytest.warns(DeprecationWarning, match="WindowProgram"):
+        assert runtime.SweepProgram is runtime.WindowProgram
