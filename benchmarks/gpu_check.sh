@@ -35,8 +35,8 @@ if [[ "${1:-}" == "--dry-run" ]]; then
     DEVICE=cpu
     TESTS=(tests/runtime/test_loss_sum.py tests/runtime/test_hidden.py)
     FLA_TESTS=(tests/models/test_fla.py -k chunked)  # fla's PyTorch-reference kernels; without fla, skipped
-    # The graph tests run whole in the suite itself (replayed): here, that the step's command works, on one test.
-    GRAPH_PICK=(-k replayed-3-True)  # test_programs_give_the_eager_parameters, alone (no spaces: bash -c "$*")
+    # The graph tests run whole in the suite itself (recorded): here, that the step's command works, on one test.
+    GRAPH_PICK=(-k recorded-3-True)  # test_programs_give_the_eager_parameters, alone (no spaces: bash -c "$*")
     # fla's example refuses the CPU: its comparison runs on the reference kernels, through its test.
     FLA_EXAMPLE=(-m pytest -p no:cacheprovider -o addopts= -q -s tests/examples/test_fla_lm.py -k comparison)
     FLA_NEEDED=""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from .version import __version__ as __version__
@@ -23,7 +24,7 @@ _SOURCES = {
     "FullStateDict": "engine",
     "TBPTTEngine": "engine",
     "TBPTTEvents": "engine",
-    "TBPTTStep": "engine",
+    "TBPTTProcessFunction": "engine",
     "create_tbptt_evaluator": "engine",
     "create_tbptt_trainer": "engine",
     "load_checkpoint": "engine",
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
         FullStateDict,
         TBPTTEngine,
         TBPTTEvents,
-        TBPTTStep,
+        TBPTTProcessFunction,
         create_tbptt_evaluator,
         create_tbptt_trainer,
         load_checkpoint,
@@ -75,7 +76,15 @@ _SUBMODULES = frozenset(
 )
 
 
+# Names kept for one minor release under their old spelling (CHANGELOG.md, "Deprecated"): old name, new name.
+_RENAMED = {"TBPTTStep": "TBPTTProcessFunction"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(f"ignite_tbptt.{name} is now {new}; the old name goes in 0.6.", DeprecationWarning, stacklevel=2)
+        return __getattr__(new)
     if name in _SUBMODULES:
         return importlib.import_module(f".{name}", __name__)  # binds it in the package: later reads skip this
     if name not in _SOURCES:
@@ -92,7 +101,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "create_tbptt_trainer",
     "tbptt_training_step",
-    "TBPTTStep",
+    "TBPTTProcessFunction",
     "TBPTTEngine",
     "DeterministicTBPTTEngine",
     "TBPTTEvents",

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any
 
-__all__ = ["positive_int", "callable_or_none", "called_as", "refusal_of_call"]
+__all__ = ["positive_int", "callable_or_none", "called_as", "refusal_of_call", "renamed"]
 
 
 def positive_int(name: str, value: Any, unit: str = "") -> int:
@@ -78,3 +79,21 @@ def refusal_of_call(function: Any, *arguments: Any) -> str | None:
     except TypeError as error:
         return str(error)
     return None
+
+
+def renamed(module: str, name: str, renames: dict[str, tuple[str, Any]]) -> Any:
+    """A module's ``__getattr__`` for names kept one minor release under their old spelling (CHANGELOG, "Deprecated").
+
+    Args:
+        module: the module's name, for the message.
+        name: the attribute asked for.
+        renames: ``{old name: (new name, value)}``.
+
+    Raises:
+        AttributeError: for a name that is neither, as Python's own.
+    """
+    if name not in renames:
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    new, value = renames[name]
+    warnings.warn(f"{module}.{name} is now {new}; the old name goes in 0.6.", DeprecationWarning, stacklevel=3)
+    return value

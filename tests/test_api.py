@@ -86,3 +86,30 @@ if __name__ == "__main__":
         raise SystemExit("usage: python -m tests.test_api --write  (rewrites tests/api_snapshot.txt)")
     SNAPSHOT.write_text("\n".join(api_lines()) + "\n", encoding="utf-8")
     print(f"wrote {SNAPSHOT}")
+
+
+def test_renamed_names_still_answer_with_a_warning_naming_the_new_one():
+    # CHANGELOG.md, "Deprecated": each old name keeps working until 0.6, and says what replaces it.
+    import pytest
+    import torch
+
+    import ignite_tbptt
+    import ignite_tbptt.engine
+    import ignite_tbptt.planning
+    from ignite_tbptt.runtime.programs import GraphReplayError, RecordingError
+
+    with pytest.warns(DeprecationWarning, match="TBPTTProcessFunction"):
+        assert ignite_tbptt.TBPTTStep is ignite_tbptt.TBPTTProcessFunction
+    with pytest.warns(DeprecationWarning, match="TBPTTProcessFunction"):
+        assert ignite_tbptt.engine.TBPTTStep is ignite_tbptt.engine.TBPTTProcessFunction
+    with pytest.warns(DeprecationWarning, match="EagerReason"):
+        assert ignite_tbptt.planning.Eager is ignite_tbptt.planning.EagerReason
+    assert GraphReplayError is RecordingError
+    model = torch.nn.GRU(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.warns(DeprecationWarning, match="cuda_graphs='recorded'"):
+        trainer = ignite_tbptt.create_tbptt_trainer(
+            model, optimizer, torch.nn.functional.mse_loss, 2, cuda_graphs="replayed"
+        )
+    x = torch.randn(8, 1, 2)
+    assert trainer.run([(x, x)], max_epochs=2).programs.kinds["window"]["captures"] == 1

@@ -212,8 +212,8 @@ def test_the_layout_is_made_where_time_dim_is_read_and_no_module_computes_an_axi
             assert "1 - axis" not in path.read_text(), path
 
 
-def _programs_run(refused=None, profiled=False, cuda_graphs="replayed"):
-    # A GRU trained with cuda_graphs="replayed", windows and steps as programs where planning says so, with
+def _programs_run(refused=None, profiled=False, cuda_graphs="recorded"):
+    # A GRU trained with cuda_graphs="recorded", windows and steps as programs where planning says so, with
     # planning's one rule replaced by ``refused`` where given; its parameters and how its programs ran.
     import contextlib
 
@@ -245,19 +245,19 @@ def test_one_rule_decides_whether_windows_and_steps_run_as_programs():
     # follows it, and nothing else in the trainer decides (the profiler, which it weighs, stops no program it lets run).
     import torch
 
-    from ignite_tbptt.planning import Eager, execution
+    from ignite_tbptt.planning import EagerReason, execution
 
     _, state = _programs_run()
     kinds = state.programs.kinds
     assert kinds["window"]["replays"] > 0 and kinds["step"]["replays"] > 0
-    trained, state = _programs_run(refused=lambda facts, step: Eager.PROFILER)
+    trained, state = _programs_run(refused=lambda facts, step: EagerReason.PROFILER)
     counts = state.programs
     assert counts.captures == counts.replays == counts.warmups == 0
     assert counts.eager == {"profiler": state.window, "step/profiler": state.optimizer_step}
     eager, _ = _programs_run(cuda_graphs=False)
     assert all(torch.equal(a, b) for a, b in zip(trained, eager))
     # Under the profiler, with a rule that ignores it, windows and steps still run as programs.
-    _, state = _programs_run(lambda facts, step: execution.Eager.CHECKS if facts.checks_pending else None, True)
+    _, state = _programs_run(lambda facts, step: execution.EagerReason.CHECKS if facts.checks_pending else None, True)
     assert state.programs.kinds["window"]["replays"] > 0 and state.programs.kinds["step"]["replays"] > 0
     assert "profiler" not in state.programs.eager
 

@@ -58,7 +58,7 @@ def check_resume(
     Args:
         saved: the checkpoint's :func:`configuration`, with ``deterministic``.
         given: the trainer's, alike.
-        stream: the checkpoint's stream state (:meth:`TBPTTStep.state_dict`).
+        stream: the checkpoint's stream state (:meth:`TBPTTProcessFunction.state_dict`).
         epoch_end: whether the checkpoint was taken at an epoch's end.
         names: the entries to compare, some of :data:`COMPARED`; default all.
 

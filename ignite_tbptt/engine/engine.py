@@ -14,7 +14,7 @@ from .checkpoint import COMPARED, check_resume, handler_sources, source_type
 from .events import COUNTERS
 
 if TYPE_CHECKING:
-    from .process import TBPTTStep
+    from .process import TBPTTProcessFunction
 
 __all__ = ["TBPTTEngine", "DeterministicTBPTTEngine"]
 
@@ -22,11 +22,11 @@ __all__ = ["TBPTTEngine", "DeterministicTBPTTEngine"]
 class _SavesStream:
     """Adds the TBPTT state to the engine's state dict, as ``DeterministicEngine`` adds its random states.
 
-    The entry is ``"tbptt"``: :meth:`TBPTTStep.state_dict`. In a distributed run it also holds every process's, in
-    ``"processes"`` (each process's columns carry their own stream), and each process resumes its own.
+    The entry is ``"tbptt"``: :meth:`TBPTTProcessFunction.state_dict`. In a distributed run it also holds every
+    process's, in ``"processes"`` (each process's columns carry their own stream), and each process resumes its own.
     """
 
-    def __init__(self, step: TBPTTStep) -> None:
+    def __init__(self, step: TBPTTProcessFunction) -> None:
         super().__init__(step)  # type: ignore[call-arg]
         self.tbptt = step
         step.attach(self)  # type: ignore[arg-type]

@@ -37,12 +37,12 @@ from .optimizer_step import OptimizerStep, RunPosition
 from .state import tbptt_state
 from .stream_loop import StreamLoop
 
-__all__ = ["TBPTTStep"]
+__all__ = ["TBPTTProcessFunction"]
 
 _SOURCE_CHANGE = "the window source can only change before a run or between epochs; a stream is at step {}."
 
 
-class TBPTTStep:
+class TBPTTProcessFunction:
     """Process function of a TBPTT(k1, k2) trainer; build it with :func:`~ignite_tbptt.tbptt_training_step`.
 
     The ignite adapter: it registers :class:`~ignite_tbptt.TBPTTEvents` and the counters on the engine, starts and
@@ -114,7 +114,7 @@ class TBPTTStep:
 
     # -- the seam for handlers ---------------------------------------------------------------------------------
     @classmethod
-    def of(cls, engine: Engine, handler: str = "this handler") -> TBPTTStep:
+    def of(cls, engine: Engine, handler: str = "this handler") -> TBPTTProcessFunction:
         """The TBPTT process function ``engine`` runs: how a handler reaches the trainer it attaches to.
 
         Args:
@@ -370,7 +370,7 @@ class _EngineListener:
 
     __slots__ = ("engine", "step", "events", "_step_handlers")
 
-    def __init__(self, engine: Engine, step: TBPTTStep) -> None:
+    def __init__(self, engine: Engine, step: TBPTTProcessFunction) -> None:
         self.engine, self.step = engine, step
         self.events = EventFiring(engine, _WINDOW_EVENTS)
         self._step_handlers: tuple[list, StepHandlers] | None = None  # the handler entries they were made from

@@ -13,7 +13,7 @@ __all__ = ["TBPTTState", "tbptt_state"]
 
 
 class TBPTTState(State):
-    """ignite's ``State`` with the attributes :class:`~ignite_tbptt.TBPTTStep` and its handlers set on it.
+    """ignite's ``State`` with the attributes :class:`~ignite_tbptt.TBPTTProcessFunction` and its handlers set on it.
 
     ignite's ``State`` takes any attribute; this class only names and types those of a TBPTT trainer, for a type
     checker. It is never instantiated: :func:`tbptt_state` gives an engine's state as one. The counters are

@@ -1,4 +1,4 @@
-"""The walk along a stream: each batch's segments, the windows they close and the optimizer steps that follow.
+"""The loop along a stream: each batch's segments, the windows they close and the optimizer steps that follow.
 
 A :class:`StreamLoop` walks each batch with the :class:`~ignite_tbptt.planning.walk.StreamWalk` that every walk of a
 schedule runs (its :class:`~ignite_tbptt.planning.StreamPlanner` plans every segment and every window's close), has

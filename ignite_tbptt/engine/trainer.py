@@ -25,7 +25,7 @@ from ..runtime import (
 )
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .optimizer_step import OptimizerStep
-from .process import TBPTTStep
+from .process import TBPTTProcessFunction
 from .state import tbptt_state
 
 if sys.version_info >= (3, 11):
@@ -57,7 +57,7 @@ class TrainingOptions(TypedDict, total=False):
     reset_hidden: Callable[[Any, torch.Tensor], Any]
     module_state: Sequence[str] | None
     initial_state: Callable[[int], Any] | None
-    cuda_graphs: bool | Literal["uncaptured", "replayed"]
+    cuda_graphs: bool | Literal["uncaptured", "recorded"]
 
 
 #: Each option's default, as :func:`create_tbptt_trainer` documents it.
@@ -96,7 +96,7 @@ def tbptt_training_step(
     k1: int | WindowSource,
     k2: int | None = None,
     **options: Unpack[TrainingOptions],
-) -> TBPTTStep:
+) -> TBPTTProcessFunction:
     """Factory of the TBPTT(k1, k2) process function, with :func:`create_tbptt_trainer`'s arguments.
 
     As ignite's ``supervised_training_step``, the result is a process function: ``Engine(step)`` runs it, and
@@ -115,7 +115,7 @@ def tbptt_training_step(
             (:class:`TrainingOptions`), with the same meanings and defaults.
 
     Returns:
-        The process function, a :class:`~ignite_tbptt.TBPTTStep`.
+        The process function, a :class:`~ignite_tbptt.TBPTTProcessFunction`.
 
     Raises:
         TypeError, ValueError: as :func:`create_tbptt_trainer`.
@@ -157,7 +157,7 @@ def tbptt_training_step(
         layout=layout,
         cache_casts=execution is Execution.EAGER,
     )
-    return TBPTTStep(
+    return TBPTTProcessFunction(
         model,
         loss_fn,
         source,
@@ -192,17 +192,23 @@ def _execution(cuda_graphs: Any, device_type: str) -> Execution:
         if device_type != "cuda":
             raise ValueError(
                 f"cuda_graphs=True captures windows in CUDA graphs, but the model is on {device_type!r}: move it to a "
-                "CUDA device (model.to('cuda'), or device='cuda'), pass cuda_graphs='replayed' to check the "
+                "CUDA device (model.to('cuda'), or device='cuda'), pass cuda_graphs='recorded' to check the "
                 "programs under capture's rules on this device, 'uncaptured' to run them without capture, or "
                 "cuda_graphs=False."
             )
         execution = Execution.CUDA_GRAPHS
-    elif cuda_graphs == "uncaptured":
-        execution = Execution.PROGRAMS
-    elif cuda_graphs == "replayed":
-        execution = Execution.REPLAYED
+    elif cuda_graphs == "replayed":  # its name before 0.5
+        warnings.warn(
+            "cuda_graphs='replayed' is now cuda_graphs='recorded' (the programs recorded and run again under "
+            "capture's rules; 'replay' is a CUDA graph's); the old name goes in 0.6.",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        execution = Execution.RECORDED
+    elif cuda_graphs in ("uncaptured", "recorded"):
+        execution = Execution(cuda_graphs)
     else:
-        raise ValueError(f"cuda_graphs must be True, False, 'uncaptured' or 'replayed', got {cuda_graphs!r}.")
+        raise ValueError(f"cuda_graphs must be True, False, 'uncaptured' or 'recorded', got {cuda_graphs!r}.")
     return execution
 
 
@@ -336,7 +342,7 @@ def create_tbptt_trainer(
         initial_state (Callable, optional): ``initial_state(batch_size) -> hidden``, the state at every start,
             learned if it has parameters (docs/howto/stateful-models.md). Default: None.
         cuda_graphs (bool or str): True captures windows in CUDA graphs (model on CUDA, k2 >= k1); ``"uncaptured"``
-            and ``"replayed"`` run the same programs on any device (docs/howto/cuda-graphs.md). Default: False.
+            and ``"recorded"`` run the same programs on any device (docs/howto/cuda-graphs.md). Default: False.
 
     Returns:
         A :class:`~ignite_tbptt.TBPTTEngine` (:class:`~ignite_tbptt.DeterministicTBPTTEngine` if ``deterministic``);
@@ -356,7 +362,7 @@ def create_tbptt_trainer(
             (docs/howto/cuda-graphs.md); during a run, a batch that does not fit, before it changes anything;
             from ``load_state_dict``, a checkpoint of another configuration where that is unsafe.
         RuntimeError: ``StateWrittenInPlace`` if the model writes into the state it was given
-            (docs/howto/stateful-models.md); ``GraphCaptureError``, ``GraphReplayError`` under ``cuda_graphs``.
+            (docs/howto/stateful-models.md); ``GraphCaptureError``, ``RecordingError`` under ``cuda_graphs``.
         FloatingPointError: without a ``scaler``, after an optimizer step whose gradients are not finite; the step
             is not taken and the output is NaN, for ignite's ``TerminateOnNan`` (docs/howto/amp.md).
 

@@ -2,8 +2,8 @@
 
 Each handler has ``attach(engine)`` returning itself (and ``state_dict`` where it has state), and reads only
 ``engine.state`` and the public names of :mod:`ignite_tbptt.engine` and :mod:`ignite_tbptt.planning`: it reaches the
-trainer through :meth:`~ignite_tbptt.TBPTTStep.of`, never through the process function's internals. A new handler
-goes here, in a file named after it.
+trainer through :meth:`~ignite_tbptt.TBPTTProcessFunction.of`, never through the process function's internals. A new
+handler goes here, in a file named after it.
 """
 
 from .adaptive_truncation import AdaptiveTruncation

@@ -26,7 +26,7 @@ from typing import Any
 from ignite.engine import Engine
 
 from ..checks import positive_int
-from ..engine import TBPTTStep, tbptt_state
+from ..engine import TBPTTProcessFunction, tbptt_state
 from ..planning import RandomWindows, Schedule, Window, WindowSource, k2_cut
 
 __all__ = ["AdaptiveTruncation"]
@@ -120,7 +120,7 @@ class AdaptiveTruncation(WindowSource):
             ValueError: if ``k2_min`` does not exceed the trainer's k1.
             RuntimeError: if the trainer is inside a stream (attach before the run, or between epochs).
         """
-        step = TBPTTStep.of(engine, "AdaptiveTruncation")
+        step = TBPTTProcessFunction.of(engine, "AdaptiveTruncation")
         windows = step.window_source
         if not isinstance(windows, (Schedule, RandomWindows)):
             raise TypeError(
@@ -196,7 +196,7 @@ class AdaptiveTruncation(WindowSource):
         return {**windows, "delta": self.delta, "k2_min": self.k2_min, "k2_max": self.k2_max, "every": self.every}
 
     # -- learning from the run ----------------------------------------------------------------------------------
-    def connect(self, engine: Engine, step: TBPTTStep) -> None:
+    def connect(self, engine: Engine, step: TBPTTProcessFunction) -> None:
         """Record the reach of every ``every``-th window of ``engine``."""
         step.record_reach(self.every)
         tbptt_state(engine).k2 = self.k2

@@ -14,7 +14,7 @@ from __future__ import annotations
 from ignite.engine import Engine
 
 from ..checks import positive_int
-from ..engine import TBPTTStep
+from ..engine import TBPTTProcessFunction
 
 __all__ = ["GradientReach"]
 
@@ -74,6 +74,6 @@ class GradientReach:
 
     def attach(self, engine: Engine) -> GradientReach:
         """Record on ``engine``, a ``create_tbptt_trainer`` trainer or ``Engine(step)``; returns ``self``."""
-        step = TBPTTStep.of(engine, "GradientReach")
+        step = TBPTTProcessFunction.of(engine, "GradientReach")
         step.record_reach(self.every, self.stride)
         return self

@@ -14,7 +14,7 @@ from ignite.handlers import TensorboardLogger, global_step_from_engine
 from ignite.handlers.tensorboard_logger import OptimizerParamsHandler
 
 from ..checks import positive_int
-from ..engine import DeterministicTBPTTEngine, TBPTTEngine, TBPTTEvents, TBPTTStep, tbptt_state
+from ..engine import DeterministicTBPTTEngine, TBPTTEngine, TBPTTEvents, TBPTTProcessFunction, tbptt_state
 from .gradient_clipping import gradient_norm, keep_norm, step_norm
 
 __all__ = ["attach_tensorboard"]
@@ -42,7 +42,7 @@ def _peak_memory_mib(device: torch.device) -> float | None:
 class _Telemetry:
     """Puts what the "train" section logs into ``engine.state`` just before it is logged."""
 
-    def __init__(self, trainer: Engine, step: TBPTTStep) -> None:
+    def __init__(self, trainer: Engine, step: TBPTTProcessFunction) -> None:
         self.last_time = time.perf_counter()  # set again as the run starts
         self.last_targets = 0
         params = step.parameters()
@@ -157,7 +157,7 @@ def attach_tensorboard(
     - ``programs/captures``, ``programs/replays``, ``programs/warmups``, ``programs/eager_windows``,
       ``programs/evictions``, ``programs/eager/<reason>`` and ``programs/<kind>/<count>``: with ``cuda_graphs``, how
       the windows and steps ran so far (``engine.state.programs``, :class:`~ignite_tbptt.runtime.ProgramCounts`; the
-      reasons are :class:`~ignite_tbptt.planning.Eager`'s values, the kinds ``window`` and ``step``);
+      reasons are :class:`~ignite_tbptt.planning.EagerReason`'s values, the kinds ``window`` and ``step``);
     - ``targets_per_second``: targets (tokens) processed per second of wall-clock time since the last log;
     - ``peak_memory_mib``: peak memory in MiB, CUDA's allocator for a CUDA model, otherwise the process's
       peak resident set (where the platform reports it).
@@ -207,7 +207,7 @@ def attach_tensorboard(
         def step(_: Engine, __: Any) -> int:
             return tbptt_state(trainer).targets_seen
 
-    tbptt = TBPTTStep.of(trainer, "attach_tensorboard")
+    tbptt = TBPTTProcessFunction.of(trainer, "attach_tensorboard")
     params = tbptt.parameters()
     trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, _GradientNorm(params))
     telemetry = _Telemetry(trainer, tbptt)

@@ -15,10 +15,13 @@ Modules here import nothing but the standard library, each other and :mod:`ignit
 is tested without a tensor. A new window source goes here, as a subclass of :class:`WindowSource`.
 """
 
+from typing import Any
+
+from ..checks import renamed
 from .artbp import ARTBP
 from .batch_plan import BatchPlan, plan_batch
 from .close_plan import ClosePlan, SweepStep, plan_close
-from .execution import Eager, RuntimeFacts, WindowExecution, check_source, plan_step, plan_window, program_refused
+from .execution import EagerReason, RuntimeFacts, WindowExecution, check_source, plan_step, plan_window, program_refused
 from .random_windows import RandomWindows
 from .reach import ReachRequests
 from .schedule import Schedule, k2_cut
@@ -45,7 +48,7 @@ __all__ = [
     "plan_batch",
     "Planned",
     "walk",
-    "Eager",
+    "EagerReason",
     "RuntimeFacts",
     "WindowExecution",
     "plan_window",
@@ -53,3 +56,7 @@ __all__ = [
     "program_refused",
     "check_source",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    return renamed(__name__, name, {"Eager": ("EagerReason", EagerReason)})

@@ -7,7 +7,7 @@ and give their answer through one function, :func:`program_refused`, so that a r
 path. A window runs whole as one program (its model calls and the retained segments it reaches) where its whole course
 is planned before it runs: the batch holds all of it, every step gets the gradient of the whole window, its gradient
 reach is not recorded, and the retained segments from its cut recompute whole. Otherwise it runs segment by segment,
-eagerly, and :class:`Eager` says why. One window per replay: no program runs several windows (SPEC.md, "One window
+eagerly, and :class:`EagerReason` says why. One window per replay: no program runs several windows (SPEC.md, "One window
 per replay"). The window sources a program cannot run are refused here too, as a source is installed
 (:func:`check_source`).
 """
@@ -24,10 +24,18 @@ from .stream_planner import StreamPlanner
 from .walk import StreamWalk
 from .window import WindowSource
 
-__all__ = ["Eager", "RuntimeFacts", "WindowExecution", "check_source", "plan_step", "plan_window", "program_refused"]
+__all__ = [
+    "EagerReason",
+    "RuntimeFacts",
+    "WindowExecution",
+    "check_source",
+    "plan_step",
+    "plan_window",
+    "program_refused",
+]
 
 
-class Eager(enum.Enum):
+class EagerReason(enum.Enum):
     """Why a window or an optimizer step runs eagerly where programs may run; its value names its count.
 
     A user reads the counts as ``engine.state.programs.eager`` (:class:`~ignite_tbptt.runtime.ProgramCounts`).
@@ -77,24 +85,24 @@ class WindowExecution(NamedTuple):
     #: Its segments, planned, where it runs whole as one program; ``()`` where it runs segment by segment.
     segments: tuple[SegmentPlan, ...]
     #: Why it runs segment by segment; ``None`` where it runs as a program.
-    eager: Eager | None
+    eager: EagerReason | None
 
 
-def program_refused(facts: RuntimeFacts, step: bool) -> Eager | None:
+def program_refused(facts: RuntimeFacts, step: bool) -> EagerReason | None:
     """Why no program may run now, for a window (``step`` False) or an optimizer step; ``None`` where one may.
 
     The one rule every program of the trainer is run under: :func:`plan_window` and :func:`plan_step` ask it.
     """
     if facts.profiling:
-        return Eager.PROFILER
+        return EagerReason.PROFILER
     if not step:
-        return Eager.CHECKS if facts.checks_pending else None
+        return EagerReason.CHECKS if facts.checks_pending else None
     if not facts.optimizer_skips:
-        return Eager.OPTIMIZER
-    return Eager.DISTRIBUTED if facts.distributed else None
+        return EagerReason.OPTIMIZER
+    return EagerReason.DISTRIBUTED if facts.distributed else None
 
 
-def plan_step(facts: RuntimeFacts) -> Eager | None:
+def plan_step(facts: RuntimeFacts) -> EagerReason | None:
     """Why the optimizer step about to be taken runs eagerly, or ``None``: it runs as a step program."""
     return program_refused(facts, step=True)
 
@@ -109,7 +117,7 @@ def plan_window(
         batch: the batch at hand.
         position: the stream's step, the window's first.
         one_window_per_step: as :func:`~ignite_tbptt.planning.plan_segment` takes it.
-        facts: what the runtime knows now; an :class:`Eager` reason or ``None`` (``blocked``, before 0.5) is
+        facts: what the runtime knows now; an :class:`EagerReason` reason or ``None`` (``blocked``, before 0.5) is
             deprecated (the retained reach is then not weighed).
 
     Examples:
@@ -122,7 +130,7 @@ def plan_window(
         [(4, 6), (6, 8)]
         >>> _ = planner.open_window(8, 3)
         >>> plan_window(planner, plan_batch(8, 1, False, {}), 8, False, facts).eager
-        <Eager.BATCH_ENDS_INSIDE: 'batch_ends_inside'>
+        <EagerReason.BATCH_ENDS_INSIDE: 'batch_ends_inside'>
     """
     if not isinstance(facts, RuntimeFacts):  # the runtime's reason, as planning took it before 0.5 (``blocked``)
         warnings.warn(
@@ -135,31 +143,31 @@ def plan_window(
     else:
         refused = program_refused(facts, step=False)
     if refused is None and planner.recorded:
-        refused = Eager.RECORDED
+        refused = EagerReason.RECORDED
     if refused is not None:
         return WindowExecution((), refused)
     segments = _window_segments(planner, batch, position, one_window_per_step)
-    if isinstance(segments, Eager):
+    if isinstance(segments, EagerReason):
         return WindowExecution((), segments)
     recomputable = facts.recomputable_from
     if recomputable is not None and segments[0].window.cut not in recomputable:
-        return WindowExecution((), Eager.REACH_NOT_RETAINED)
+        return WindowExecution((), EagerReason.REACH_NOT_RETAINED)
     return WindowExecution(segments, None)
 
 
 def _window_segments(
     planner: StreamPlanner, batch: BatchPlan, step: int, one_window_per_step: bool
-) -> tuple[SegmentPlan, ...] | Eager:
+) -> tuple[SegmentPlan, ...] | EagerReason:
     # The open window's segments as the walk plans them, up to the one that closes it (its close is not planned:
     # the planner is left as it is), or why it cannot run whole.
     plans: list[SegmentPlan] = []
     for plan in StreamWalk(planner, one_window_per_step).segments(batch, step):
         if plan.own_loss_only:
-            return Eager.OWN_LOSS_ONLY
+            return EagerReason.OWN_LOSS_ONLY
         plans.append(plan)
         if plan.closes_window:
             return tuple(plans)
-    return Eager.BATCH_ENDS_INSIDE
+    return EagerReason.BATCH_ENDS_INSIDE
 
 
 def check_source(source: WindowSource, programs: bool, sharded: bool) -> None:

@@ -9,16 +9,16 @@ planning gives it whole as programs, captured in CUDA graphs on a GPU, and the o
 (:class:`StepPrograms`) where they can. Around
 them: the stream's state with its ``state_dict`` (:class:`StreamState`), the weights retained graphs need across
 optimizer steps (:class:`ParameterVersions`), hidden states as trees of tensors and their per-column reset, the
-replay of a segment's random state for recomputation, the optimizer step's body (the gradients' division and
+random state restored for a segment's recomputation, the optimizer step's body (the gradients' division and
 inf/NaN check, the step, the scale's update; eager and in programs alike), what ``torch.compile`` and FSDP2 need,
 state kept in module attributes, and the refusal of a model that writes into the state it was given. Modules here
 import torch, :mod:`ignite_tbptt.planning` and each other, never ignite. A new kind of hidden state (how it is
 flattened, detached, reset) goes here.
 """
 
-import warnings
 from typing import Any
 
+from ..checks import renamed
 from .backward_sweep import Recomputation, RetainedHistory, Segment, reach_profile
 from .compiled import retainable
 from .executor import SegmentExecutor, SegmentResult
@@ -111,13 +111,4 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # Names kept for one minor release under their old spelling (CHANGELOG.md, "Deprecated").
-    if name == "SweepProgram":
-        warnings.warn(
-            "ignite_tbptt.runtime.SweepProgram is now WindowProgram (a window's program, its reach back included); "
-            "the old name goes in 0.6.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return WindowProgram
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return renamed(__name__, name, {"SweepProgram": ("WindowProgram", WindowProgram)})

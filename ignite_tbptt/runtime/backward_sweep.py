@@ -1,7 +1,7 @@
 """The retained segments of a stream and the backward sweep of each window.
 
 A *segment* is one model call over consecutive steps. Its graph starts at leaf copies of its input hidden
-state and ends at its output hidden state and its predictions. A window's backward sweep walks its segments
+state and ends at its output hidden state and its predictions. A window's backward sweep visits its segments
 from the last to the cut, each exactly once: every segment is backpropagated with the sum of both gradients
 that reach it, the loss gradient of its own predictions (if still owed) and the hidden-state gradient that
 the later segments left on its successor's input leaves. By linearity of backpropagation this equals

@@ -1,7 +1,7 @@
 """A model call must not write into the hidden state it was given: such a write is found at once and named.
 
 The trainer keeps the state it hands to a model call: the retained history backpropagates through it, recomputation
-replays the call from it, and checkpoints save it. A model that copies its new state into the old one (xLSTMLarge's
+runs the call again from it, and checkpoints save it. A model that copies its new state into the old one (xLSTMLarge's
 ``state[i][j].copy_(new)``, Hugging Face caches' slice assignments) breaks all three, and autograd reports it later
 and far away ("one of the variables needed for gradient computation has been modified by an inplace operation", or
 "a leaf Variable that requires grad is being used in an in-place operation"). SPEC.md, "In-place writes": the call

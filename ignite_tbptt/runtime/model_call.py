@@ -86,8 +86,9 @@ class ModelCall:
     ) -> None:
         self.model, self.model_fn, self.autocast, self.reset_hidden = model, model_fn, autocast, reset_hidden
         self.initial_state, self.layout = initial_state, layout
-        #: The state the last call returned, a replay's in the backward sweep included, while :attr:`remembers`: a
-        #: model may keep its tensors in attributes (:func:`~ignite_tbptt.runtime.module_state.attributes_with_graph`).
+        #: The state the last call returned (a recomputation's in the backward sweep included), while
+        #: :attr:`remembers`: a model may keep its tensors in attributes
+        #: (:func:`~ignite_tbptt.runtime.module_state.attributes_with_graph`).
         self.returned: Any = None
         #: Whether calls keep :attr:`returned`; the trainer stops them once it has checked the attributes, so that no
         #: graph is held longer than the stream holds it.

@@ -227,7 +227,7 @@ def check_state_cut(returned: Any, previous: Any, limit: int = 100_000) -> None:
     attribute caching the last state, snnTorch's ``self.mem`` when called without ``mem``) chains every call onto the
     last: the graph grows across windows, and the cuts, resets and checkpoints the trainer applies to the state it
     carries never reach the state the model uses. Checked once, at the first call whose given state came with a
-    graph (the stream's second call, :func:`~ignite_tbptt.runtime.hidden.has_graph`): a walk of that call's graph.
+    graph (the stream's second call, :func:`~ignite_tbptt.runtime.hidden.has_graph`): a traversal of that call's graph.
 
     Args:
         returned: the state the call returned, a tensor or a tree of them.

@@ -203,7 +203,7 @@ def test_how_programs_ran_is_logged_with_cuda_graphs(tmp_path):
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5, fused=True)
     batches = [(x.float(), y) for x, y in make_batches([8, 12])]
-    trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 4, carry_hidden=True, cuda_graphs="replayed")
+    trainer = create_tbptt_trainer(model, optimizer, cross_entropy, 4, carry_hidden=True, cuda_graphs="recorded")
     logger = attach_tensorboard(trainer, tmp_path)
     trainer.run(batches, max_epochs=3)
     logger.close()

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ignite_tbptt import Schedule
-from ignite_tbptt.planning import Eager, RuntimeFacts, StreamPlanner, plan_batch, plan_step, plan_window
+from ignite_tbptt.planning import EagerReason, RuntimeFacts, StreamPlanner, plan_batch, plan_step, plan_window
 
 #: A window that reaches nothing is always recomputable from its start; these reach back 0..12 steps.
 ALL = RuntimeFacts(recomputable_from=frozenset(range(-20, 40)))
@@ -28,7 +28,7 @@ def test_a_window_runs_whole_where_the_batch_holds_it_with_the_segments_the_walk
     planner.open_window(position, window)
     plans, eager = plan_window(planner, batch, position, False, ALL)
     if position + k1 > batch.end:
-        assert (plans, eager) == ((), Eager.BATCH_ENDS_INSIDE)
+        assert (plans, eager) == ((), EagerReason.BATCH_ENDS_INSIDE)
         return
     assert eager is None
     # The segments tile the window, each as the walk plans it: split at each sequence start and retained cut.
@@ -44,20 +44,20 @@ def test_why_a_window_runs_eagerly():
     planner = StreamPlanner(Schedule(4, 4))
     planner.open_window(0, 1)
     # What the runtime says first: the first checks, the profiler.
-    assert plan_window(planner, batch, 0, False, ALL._replace(checks_pending=True)) == ((), Eager.CHECKS)
-    assert plan_window(planner, batch, 0, False, ALL._replace(profiling=True)) == ((), Eager.PROFILER)
+    assert plan_window(planner, batch, 0, False, ALL._replace(checks_pending=True)) == ((), EagerReason.CHECKS)
+    assert plan_window(planner, batch, 0, False, ALL._replace(profiling=True)) == ((), EagerReason.PROFILER)
     # A window whose gradient reach is recorded.
     planner.reach.ask(every=2)
     planner.open_window(4, 2)
-    assert plan_window(planner, batch, 4, False, ALL) == ((), Eager.RECORDED)
+    assert plan_window(planner, batch, 4, False, ALL) == ((), EagerReason.RECORDED)
     # k2 < k1: the steps before the cut get their own loss only.
     planner = StreamPlanner(Schedule(5, 2))
     planner.open_window(0, 1)
-    assert plan_window(planner, batch, 0, False, ALL) == ((), Eager.OWN_LOSS_ONLY)
+    assert plan_window(planner, batch, 0, False, ALL) == ((), EagerReason.OWN_LOSS_ONLY)
     # The batch ends inside the window.
     planner = StreamPlanner(Schedule(4, 6))
     planner.open_window(16, 5)
-    assert plan_window(planner, plan_batch(16, 3, False, {}), 16, False, ALL) == ((), Eager.BATCH_ENDS_INSIDE)
+    assert plan_window(planner, plan_batch(16, 3, False, {}), 16, False, ALL) == ((), EagerReason.BATCH_ENDS_INSIDE)
 
 
 def test_which_sources_allow_programs_follows_from_what_they_state():
@@ -80,15 +80,15 @@ def test_a_window_whose_reach_does_not_recompute_whole_runs_eagerly():
     assert eager is None and plans[0].window.cut == 6
     assert plan_window(planner, batch, 8, False, RuntimeFacts(recomputable_from=frozenset({8}))) == (
         (),
-        Eager.REACH_NOT_RETAINED,
+        EagerReason.REACH_NOT_RETAINED,
     )
 
 
 def test_why_an_optimizer_step_runs_eagerly():
     assert plan_step(RuntimeFacts()) is None
-    assert plan_step(RuntimeFacts(profiling=True)) is Eager.PROFILER
-    assert plan_step(RuntimeFacts(optimizer_skips=False)) is Eager.OPTIMIZER
-    assert plan_step(RuntimeFacts(distributed=True)) is Eager.DISTRIBUTED
+    assert plan_step(RuntimeFacts(profiling=True)) is EagerReason.PROFILER
+    assert plan_step(RuntimeFacts(optimizer_skips=False)) is EagerReason.OPTIMIZER
+    assert plan_step(RuntimeFacts(distributed=True)) is EagerReason.DISTRIBUTED
     # The model call's first checks concern windows only.
     assert plan_step(RuntimeFacts(checks_pending=True)) is None
 
@@ -100,6 +100,6 @@ def test_the_reason_plan_window_took_before_facts_still_answers_with_a_warning()
     planner.open_window(0, 1)
     batch = plan_batch(0, 8, False, {})
     with pytest.warns(DeprecationWarning, match="RuntimeFacts"):
-        assert plan_window(planner, batch, 0, False, Eager.CHECKS) == ((), Eager.CHECKS)
+        assert plan_window(planner, batch, 0, False, EagerReason.CHECKS) == ((), EagerReason.CHECKS)
     with pytest.warns(DeprecationWarning, match="RuntimeFacts"):
         assert plan_window(planner, batch, 0, False, None) == plan_window(planner, batch, 0, False, ALL)

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ignite_tbptt import ARTBP, RandomWindows, Schedule, TBPTTStep, create_tbptt_trainer, walk
+from ignite_tbptt import ARTBP, RandomWindows, Schedule, TBPTTProcessFunction, create_tbptt_trainer, walk
 from ignite_tbptt.planning import ClosePlan, SegmentPlan, StreamPlanner, plan_batch
 
 from ..reference import spec_cut
@@ -154,7 +154,7 @@ def trainer_plans(monkeypatch, make_source, length, batch_length, *, starts=(), 
     trainer = create_tbptt_trainer(
         model, torch.optim.SGD(model.parameters(), lr=0.01), loss_fn, source, carry_hidden=carry, **options
     )
-    step = TBPTTStep.of(trainer)
+    step = TBPTTProcessFunction.of(trainer)
     seen, segment, close = [], StreamPlanner.segment, StreamPlanner.close
 
     def spied_segment(planner, *args, **kwargs):

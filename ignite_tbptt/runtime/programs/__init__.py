@@ -1,8 +1,8 @@
 """The graph wing: windows and optimizer steps run as programs over static buffers (``cuda_graphs``).
 
 A program is a body of tensor operations on static buffers that runs eagerly every time (``"uncaptured"``), is
-captured once in a CUDA graph and replayed (``True``), or is recorded operator by operator and run again under
-capture's rules on any device (``"replayed"``, :mod:`.replayed_capture`); :mod:`.capture` holds the program, its
+captured once in a CUDA graph and replayed (``True``), or is recorded operator by operator and its recording run
+again under capture's rules on any device (``"recorded"``, :mod:`.recording`); :mod:`.capture` holds the program, its
 capture, the cache that keeps programs by shape and the counts of how they ran (:class:`ProgramCounts`).
 :class:`ProgramExecutor` (:mod:`.window`), the second executor, runs a window whole as a :class:`WindowProgram`, its
 reach back included (k2 > k1, :mod:`.reach`), and the optimizer step after it as a :class:`StepProgram`
@@ -12,7 +12,7 @@ reach back included (k2 > k1, :mod:`.reach`), and the optimizer step after it as
 
 from .capture import GraphCapture, GraphCaptureError, Program, ProgramCache, ProgramCounts
 from .reach import SwappedWeights
-from .replayed_capture import GraphReplayError, ReplayedCapture
+from .recording import GraphReplayError, Recorder, RecordingError
 from .step import StaticGradients, StepHandler, StepHandlers, StepProgram, StepPrograms
 from .window import Execution, ProgramExecutor, WindowProgram, build_executor
 
@@ -30,7 +30,8 @@ __all__ = [
     "Program",
     "GraphCapture",
     "GraphCaptureError",
-    "ReplayedCapture",
+    "Recorder",
+    "RecordingError",
     "GraphReplayError",
     "ProgramCache",
     "ProgramCounts",

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ...planning import Eager
+from ...planning import EagerReason
 from ..profiling import NO_CONTEXT
 
 __all__ = [
@@ -233,7 +233,7 @@ def copied_out(outputs: Any, fresh: bool) -> Any:
 class ProgramCounts:
     """How a trainer's programs ran so far (``cuda_graphs``), summed over window and step programs."""
 
-    #: Programs captured (a CUDA graph, or a recording with ``cuda_graphs="replayed"``).
+    #: Programs captured (a CUDA graph, or a recording with ``cuda_graphs="recorded"``).
     captures: int = 0
     #: Replays of captured programs.
     replays: int = 0
@@ -246,7 +246,7 @@ class ProgramCounts:
     eager_steps: int = 0
     #: Programs dropped, least recently used first, to make room for a new one.
     evictions: int = 0
-    #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.Eager`'s values), and the steps as
+    #: The windows that ran eagerly by reason (:class:`~ignite_tbptt.planning.EagerReason`'s values), and the steps as
     #: ``step/<reason>``, those with any.
     eager: dict[str, int] = field(default_factory=dict)
     #: The warm-ups, captures and replays by kind of program (``"window"``: window programs, ``"step"``:
@@ -259,7 +259,7 @@ class ProgramCounts:
         by_kind = self.kinds.setdefault(kind, {})
         by_kind[how] = by_kind.get(how, 0) + 1
 
-    def ran_eagerly(self, reason: Eager, kind: str = "window") -> None:
+    def ran_eagerly(self, reason: EagerReason, kind: str = "window") -> None:
         """A window runs segment by segment, or an optimizer step (``kind="step"``) eagerly, for ``reason``."""
         name = reason.value
         if kind == "step":

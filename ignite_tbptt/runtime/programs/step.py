@@ -51,7 +51,7 @@ from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
 from ..gradients import divide_and_check, skips_on_device
 from ..step_body import gradients_of, parameters_of, step_optimizer, unscale_and_divide
 from .capture import GraphCapture, Program, ProgramCache, ProgramCounts, copied_out
-from .replayed_capture import ReplayedCapture
+from .recording import Recorder
 
 __all__ = ["StaticGradients", "StepHandler", "StepHandlers", "StepPrograms", "StepProgram"]
 
@@ -152,7 +152,7 @@ class StepPrograms:
         #: How the programs ran (``engine.state.programs``), shared with the window programs.
         self.counts = capture.counts if capture is not None else ProgramCounts()
         self.cache = ProgramCache(limit, self.counts)
-        if isinstance(capture, ReplayedCapture):  # its errors name the optimizer's state
+        if isinstance(capture, Recorder):  # its errors name the optimizer's state
             capture.name(self._state_by_name)
         self.device: torch.device | None = None
         self.divisor: torch.Tensor | None = None  # float64, the step's target count (or 1)

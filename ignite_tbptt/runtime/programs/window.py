@@ -7,7 +7,7 @@ executor, runs a window whole as one :class:`WindowProgram` where planning says 
 eager :class:`~ignite_tbptt.runtime.SegmentExecutor` runs it. :class:`Execution` names how: eagerly; as programs
 uncaptured (the same operations on the same buffers every window, on any device: the eager parameters bit for bit);
 captured in CUDA graphs; or recorded and run again under capture's rules on any device
-(:mod:`~ignite_tbptt.runtime.programs.replayed_capture`).
+(:mod:`~ignite_tbptt.runtime.programs.recording`).
 
 A window program runs the window's model calls at their fixed places (each resetting the columns that start a sequence
 at its first step, as a mask), their losses, and one backward pass to the cut. It reads its inputs from static buffers
@@ -51,7 +51,7 @@ from ..reset import Resets
 from ..stream import StreamState
 from .capture import GraphCapture, Program, ProgramCache, StaticInputs, copied_out
 from .reach import ReachWeights, SwappedWeights, reach_of, recomputable_from
-from .replayed_capture import ReplayedCapture
+from .recording import Recorder
 from .step import StepPrograms
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram", "WindowResults", "Call", "CallPass"]
@@ -72,19 +72,19 @@ class Execution(enum.Enum):
     #: Every segment by the eager :class:`~ignite_tbptt.runtime.SegmentExecutor` (``cuda_graphs=False``).
     EAGER = "eager"
     #: Windows as programs where planning says so, run uncaptured, on any device (``cuda_graphs="uncaptured"``).
-    PROGRAMS = "programs"
+    UNCAPTURED = "uncaptured"
     #: Windows as programs where planning says so, captured in CUDA graphs (``cuda_graphs=True``).
     CUDA_GRAPHS = "cuda_graphs"
-    #: Programs recorded once and replayed without their Python, under capture's rules, on any device
-    #: (``cuda_graphs="replayed"``, :mod:`~ignite_tbptt.runtime.programs.replayed_capture`).
-    REPLAYED = "replayed"
+    #: Programs recorded once, the recording run again without their Python, under capture's rules, on any device
+    #: (``cuda_graphs="recorded"``, :mod:`~ignite_tbptt.runtime.programs.recording`).
+    RECORDED = "recorded"
 
     def graph_capture(self, warmup: int = 3) -> GraphCapture | None:
         """What captures this execution's programs: a CUDA graph's, a recording's, or nothing (run every time)."""
         if self is Execution.CUDA_GRAPHS:
             return GraphCapture(warmup)
-        if self is Execution.REPLAYED:
-            return ReplayedCapture(warmup)
+        if self is Execution.RECORDED:
+            return Recorder(warmup)
         return None
 
 
@@ -124,7 +124,7 @@ class ProgramExecutor(SegmentExecutor):
             a program it runs on the device and is read after the window (under capture: after the replay).
         steps: the optimizer's step programs, whose parameters (in the optimizer's order), static ``.grad`` buffers,
             capture (a CUDA graph's :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture`, a
-            :class:`~ignite_tbptt.runtime.programs.replayed_capture.ReplayedCapture`, or ``None``: the same program
+            :class:`~ignite_tbptt.runtime.programs.recording.Recorder`, or ``None``: the same program
             runs eagerly every window) and counts the window programs share.
         limit: the most window shapes given a program; a new one drops the least recently used.
     """
@@ -145,7 +145,7 @@ class ProgramExecutor(SegmentExecutor):
         self.graphs = graphs = steps.capture
         #: How the programs ran (``engine.state.programs``).
         self.counts = steps.counts
-        if isinstance(graphs, ReplayedCapture):  # its errors name the model's tensors
+        if isinstance(graphs, Recorder):  # its errors name the model's tensors
             graphs.name(lambda: _storages_by_name(model_call.model))
         self.cache = ProgramCache(limit, self.counts)  # the window programs, by shape
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
@@ -186,9 +186,9 @@ class ProgramExecutor(SegmentExecutor):
             recomputes them.
 
         Raises:
-            GraphCaptureError: where the capture of its program fails (``cuda_graphs=True``), or a replayed
-                program's recording refuses a host read (``cuda_graphs="replayed"``).
-            GraphReplayError: with ``cuda_graphs="replayed"``, if a tensor its recording reads was freed, moved or
+            GraphCaptureError: where the capture of its program fails (``cuda_graphs=True``), or a
+                program's recording refuses a host read (``cuda_graphs="recorded"``).
+            RecordingError: with ``cuda_graphs="recorded"``, if a tensor its recording reads was freed, moved or
                 resized since.
             ValueError: at its program's first run, if the window runs forward passes again (k2 > k1, or
                 ``recompute``) and the model drew random numbers; nothing of the window is applied.
@@ -486,7 +486,7 @@ class WindowProgram:
     def _rebuilt(self, fn: Callable, *args: Any) -> Any:
         # In recomputation mode each call keeps no activation: its backward pass runs its forward pass again, as the
         # eager sweep rebuilds a segment (non-reentrant checkpointing: captured with the rest). Its random draws are
-        # not replayed: a model that draws any is refused at the first run.
+        # not restored: a model that draws any is refused at the first run.
         if not self.rebuilds:
             return fn(*args)
         return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)

@@ -1,28 +1,28 @@
-"""The program tests' fixtures: ``program_mode`` runs a program test uncaptured and replayed, ``replayed_mode``
-replayed (``program_mode.py``); both capture in CUDA graphs under ``--device cuda``."""
+"""The program tests' fixtures: ``program_mode`` runs a program test uncaptured and recorded, ``recorded_mode``
+recorded (``program_mode.py``); both capture in CUDA graphs under ``--device cuda``."""
 
 import pytest
 import torch
 
 from ignite_tbptt.runtime import GraphCapture
-from ignite_tbptt.runtime.programs.replayed_capture import ReplayedCapture
+from ignite_tbptt.runtime.programs.recording import Recorder
 
 from . import program_mode as pm
 
 
 @pytest.fixture(params=pm.MODES)
 def program_mode(request, monkeypatch):
-    """A program test run uncaptured and replayed on the CPU; under ``--device cuda``, captured in CUDA graphs."""
-    if torch.get_default_device().type == "cuda" and request.param == "replayed":
+    """A program test run uncaptured and recorded on the CPU; under ``--device cuda``, captured in CUDA graphs."""
+    if torch.get_default_device().type == "cuda" and request.param == "recorded":
         pytest.skip("under --device cuda the programs are captured in CUDA graphs")
     yield from _in_mode(request.param, monkeypatch)
 
 
-@pytest.fixture(params=["replayed"])
-def replayed_mode(request, monkeypatch):
-    """A program test run replayed on the CPU; under ``--device cuda``, captured in CUDA graphs.
+@pytest.fixture(params=["recorded"])
+def recorded_mode(request, monkeypatch):
+    """A program test run recorded on the CPU; under ``--device cuda``, captured in CUDA graphs.
 
-    For the sweep and step programs' tests: a replayed run runs each program's Python at its warm-up and its
+    For the reach and step programs' tests: a recorded run runs each program's Python at its warm-up and its
     capture, and an uncaptured one only that Python every window; the window programs' tests
     (``test_window.py``) and the property test run both.
     """
@@ -39,11 +39,11 @@ def _in_mode(mode, monkeypatch):
             self.check_input_liveness = True
 
         monkeypatch.setattr(GraphCapture, "__init__", checked)
-    elif mode == "replayed":
+    elif mode == "recorded":
         # Two warm-up runs rather than CUDA's three: the tests' short runs capture, and replay, each program they make,
         # and each capture is compared with the run before it (a value that would be baked is refused).
-        init = ReplayedCapture.__init__
-        monkeypatch.setattr(ReplayedCapture, "__init__", lambda self, warmup=3, names=None: init(self, 2, names))
+        init = Recorder.__init__
+        monkeypatch.setattr(Recorder, "__init__", lambda self, warmup=3, names=None: init(self, 2, names))
     pm.set_mode(mode)
     yield mode
     pm.set_mode("uncaptured")

@@ -1,14 +1,14 @@
-"""How the program tests run their programs on the CPU: uncaptured, or recorded and replayed under capture's rules.
+"""How the program tests run their programs on the CPU: uncaptured, or recorded and run again under capture's rules.
 
 The tests of ``cuda_graphs`` write ``programs(True)`` where a GPU captures; the ``program_mode`` fixture
 (``conftest.py`` here) runs each of them twice on the CPU: ``"uncaptured"`` (the programs' Python every
-window) and ``"replayed"`` (recorded once, replayed without their Python:
-``ignite_tbptt.runtime.programs.replayed_capture``).
+window) and ``"recorded"`` (recorded once, the recording run again without their Python:
+``ignite_tbptt.runtime.programs.recording``).
 """
 
 import torch
 
-MODES = ("uncaptured", "replayed")
+MODES = ("uncaptured", "recorded")
 _mode = {"now": "uncaptured"}
 
 
@@ -32,7 +32,7 @@ def graphs(trainer):
 
 
 def assert_replayed(trainer, *kinds):
-    """Where programs are captured (replayed on the CPU, CUDA graphs on a GPU), that programs of each of ``kinds``
+    """Where programs are captured (recorded on the CPU, CUDA graphs on a GPU), that programs of each of ``kinds``
     (``"window"``, ``"step"``; by default the window programs) were captured and ran as replays."""
     capture = graphs(trainer)
     if mode() != "uncaptured":

@@ -1,7 +1,7 @@
 """Programs against the eager trainer over random schedules, batches and sequence starts (hypothesis).
 
 Whatever k1 <= k2 (k2 up to 4 k1), accumulation, batch lengths (batches ending inside windows), per-column sequence
-starts at arbitrary steps, target counts and fused optimizer: programs uncaptured and replayed under capture's rules
+starts at arbitrary steps, target counts and fused optimizer: programs uncaptured and recorded under capture's rules
 give the eager trainer's parameters, within 1e-12 (a window program sums a window's gradient in another order).
 """
 
@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from torch import nn
 
 from ignite_tbptt import count_targets, create_tbptt_trainer
-from ignite_tbptt.runtime.programs.replayed_capture import ReplayedCapture
+from ignite_tbptt.runtime.programs.recording import Recorder
 
 from .test_window import CharModel, loss_fn, summed_over_count
 
-pytestmark = pytest.mark.cpu_only("the property compares the programs run on the CPU, uncaptured and replayed")
+pytestmark = pytest.mark.cpu_only("the property compares the programs run on the CPU, uncaptured and recorded")
 
 COLUMNS = 3
 
@@ -41,8 +41,8 @@ def stream(lengths, start_rate, padding_rate, seed):
 def two_warmups():
     # Two warm-up runs rather than CUDA's three, so that the short runs capture and replay their programs, each capture
     # compared with the run before it.
-    init = ReplayedCapture.__init__
-    with mock.patch.object(ReplayedCapture, "__init__", lambda self, warmup=3, names=None: init(self, 2, names)):
+    init = Recorder.__init__
+    with mock.patch.object(Recorder, "__init__", lambda self, warmup=3, names=None: init(self, 2, names)):
         yield
 
 
@@ -90,7 +90,7 @@ def test_programs_give_the_eager_parameters_over_random_schedules_and_starts(
     k2 = min(k1 * reach + extra, 4 * k1)
     data = stream(lengths, start_rate, 0.1 if counted else 0.0, seed)
     eager, _ = train(False, data, k1, k2, accumulation, cell, optimizer, counted)
-    for mode in ("uncaptured", "replayed"):
+    for mode in ("uncaptured", "recorded"):
         params, _ = train(mode, data, k1, k2, accumulation, cell, optimizer, counted)
         for p, q in zip(eager, params, strict=True):
             torch.testing.assert_close(q, p, rtol=1e-12, atol=1e-12, msg=lambda m, mode=mode: f"{mode}: {m}")
@@ -105,7 +105,7 @@ def test_a_window_reaching_a_swept_segment_keeps_the_live_parameters_of_its_own(
     for batch, step, column in [(3, 9, 2), (3, 10, 0), (3, 22, 0), (4, 9, 0), (4, 18, 0)]:
         data[batch][2][step, column] = True
     eager, _ = train(False, data, 5, 10, 1, nn.LSTM, "sgd", False)
-    for mode in ("uncaptured", "replayed"):
+    for mode in ("uncaptured", "recorded"):
         params, trainer = train(mode, data, 5, 10, 1, nn.LSTM, "sgd", False)
         for p, q in zip(eager, params, strict=True):
             torch.testing.assert_close(q, p, rtol=1e-12, atol=1e-12)

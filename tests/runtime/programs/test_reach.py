@@ -31,7 +31,7 @@ from .test_window import (
     with_window_starts,
 )
 
-pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
+pytestmark = pytest.mark.usefixtures("recorded_mode")  # each test recorded on the CPU, captured on CUDA
 
 
 def swept(runs):

@@ -16,12 +16,12 @@ from ignite.handlers import LRScheduler, PiecewiseLinear, create_lr_scheduler_wi
 
 from ignite_tbptt import GradientClipping, TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime.programs import step as step_programs
-from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError
+from ignite_tbptt.runtime.programs.recording import RecordingError
 
 from .program_mode import assert_replayed, mode
 from .test_window import CharModel, assert_same, batches, loss_fn, programs
 
-pytestmark = pytest.mark.usefixtures("replayed_mode")  # each test replayed on the CPU, captured on CUDA
+pytestmark = pytest.mark.usefixtures("recorded_mode")  # each test recorded on the CPU, captured on CUDA
 
 
 def fused_sgd(params):
@@ -473,10 +473,10 @@ def test_an_optimizer_state_reassigned_between_steps_gets_a_new_program(device):
 
     data = batches()
     eager, _, _ = train(False, data, fused_adam, [restart_moments])
-    if mode() == "replayed":  # without a new program, the replay names what it reads that was freed
+    if mode() == "recorded":  # without a new program, the replay names what it reads that was freed
         with mock.patch.object(step_programs.StepProgram, "stale", lambda self: False):
             message = r"the optimizer step reads the optimizer's state 'exp_avg' of parameter 0, a 10x6 float64"
-            with pytest.raises(GraphReplayError, match=message):
+            with pytest.raises(RecordingError, match=message):
                 train(True, data, fused_adam, [restart_moments])
     model, _, steps = train(True, data, fused_adam, [restart_moments])
     assert_same(eager, model, device)

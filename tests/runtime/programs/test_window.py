@@ -28,7 +28,7 @@ from ignite_tbptt.runtime.programs import window as window_programs
 
 from .program_mode import assert_replayed, mode, programs
 
-pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and replayed on the CPU
+pytestmark = pytest.mark.usefixtures("program_mode")  # each test uncaptured and recorded on the CPU
 
 
 class CharModel(nn.Module):
@@ -282,7 +282,7 @@ def test_what_graphs_do_not_take_is_refused_at_construction():
     on_cpu = CharModel().to("cpu")
     with pytest.raises(ValueError, match=r"on 'cpu': move it to a CUDA device"):
         create_tbptt_trainer(on_cpu, torch.optim.SGD(on_cpu.parameters(), lr=0.1), loss_fn, k1=5, cuda_graphs=True)
-    with pytest.raises(ValueError, match=r"cuda_graphs must be True, False, 'uncaptured' or 'replayed', got 'yes'"):
+    with pytest.raises(ValueError, match=r"cuda_graphs must be True, False, 'uncaptured' or 'recorded', got 'yes'"):
         create_tbptt_trainer(model, optimizer, loss_fn, k1=5, cuda_graphs="yes")
     for options, match in (
         ({"k1": RandomWindows(5, 10, seed=0)}, r"RandomWindows has k1 = 5, k2 = 10: .* varying length"),

@@ -1,4 +1,4 @@
-"""Capture's rules on any device: a program recorded operator by operator once, then replayed without its Python.
+"""Capture's rules on any device: a program recorded operator by operator once, the recording then run without Python.
 
 A CUDA graph replays the kernels its capture recorded, on the addresses it recorded, and nothing else: the Python
 that launched them does not run again. A program that is right only because its Python runs every time is wrong
@@ -11,7 +11,7 @@ captured, and running it uncaptured (``cuda_graphs="uncaptured"``) cannot show i
 - a tensor the graph reads that its owner has freed, or moved (``p.data = ...``, an optimizer's state reset): the
   graph reads whatever memory is there now.
 
-:class:`ReplayedCapture` (``cuda_graphs="replayed"``) keeps these rules on the CPU. Its warm-up runs the program
+:class:`Recorder` (``cuda_graphs="recorded"``) keeps these rules on the CPU. Its warm-up runs the program
 eagerly, as a CUDA warm-up does. Its capture runs the program once under a recording
 :class:`~torch.utils._python_dispatch.TorchDispatchMode`, which sees every ATen operator, the backward pass's
 included, and refuses, naming the operator and the line that called it, what a capture refuses. Each tensor an
@@ -21,7 +21,7 @@ state), tracked by its storage as PyTorch's ``_CUDAGraphInputLivenessTracker`` t
 kept alive by the recording. A replay runs the recorded operators again, below autograd, on the same tensors, and
 writes each result into the tensor the capture made (a graph writes the same addresses): no Python of the program
 runs, so a value read at capture stays as captured. An external input freed, moved or resized since the capture is
-a :class:`GraphReplayError` naming it.
+a :class:`RecordingError` naming it.
 
 A value baked at capture is caught where the program's Python makes it, as ``torch.compile``'s guards catch what its
 graphs assumed: every warm-up run after a program's first is outlined (each operator, the shapes and dtypes of its
@@ -58,7 +58,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from .capture import GraphCapture, GraphCaptureError
 
-__all__ = ["ReplayedCapture", "RecordedGraph", "GraphReplayError", "HOST_READS"]
+__all__ = ["Recorder", "RecordedGraph", "RecordingError", "GraphReplayError", "HOST_READS"]
 
 aten = torch.ops.aten
 
@@ -85,7 +85,7 @@ _TO_HOST = {
 }
 
 
-class GraphReplayError(RuntimeError):
+class RecordingError(RuntimeError):
     """A recorded program reads a tensor that was freed, moved or resized since its capture."""
 
 
@@ -104,19 +104,19 @@ class _External:
         """The storage, as it was at capture.
 
         Raises:
-            GraphReplayError: if it was freed, or moved or resized since.
+            RecordingError: if it was freed, or moved or resized since.
         """
         storage = self.storage()
         moved = any(t is not None and t.untyped_storage().data_ptr() != self.pointer for t in map(_call, self.tensors))
         if storage is not None and not moved and storage.data_ptr() == self.pointer and storage.nbytes() >= self.nbytes:
             return storage
         if storage is None and not moved:
-            raise GraphReplayError(
+            raise RecordingError(
                 f"{program} reads {self.what}, which was freed since the program was captured: a graph would read "
                 "whatever memory is there now. Keep the tensor alive while the program may replay, or make a new "
                 "program for the new tensor."
             )
-        raise GraphReplayError(
+        raise RecordingError(
             f"{program} reads {self.what}, whose memory was moved or resized since the program was captured "
             "(p.data = ..., resize_(), a state reassigned): a graph would read the old addresses. Write into the "
             "tensor in place (copy_), or make a new program for the new tensor."
@@ -210,7 +210,7 @@ def _caller() -> str:
     """The innermost line of the call stack outside torch and this module: where the program did what it did."""
     for frame in reversed(traceback.extract_stack()[:-2]):
         name = frame.filename.replace("\\", "/")
-        if "/torch/" not in name and not name.endswith(("/replayed_capture.py", "/contextlib.py")):
+        if "/torch/" not in name and not name.endswith(("/recording.py", "/contextlib.py")):
             return f"{frame.filename}:{frame.lineno}" + (f" ({frame.line})" if frame.line else "")
     return "an unknown line"
 
@@ -384,7 +384,7 @@ class _Use:
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):  # most operators: one tensor, no walk
+    if isinstance(out, torch.Tensor):  # most operators: one tensor, no traversal
         return [out]
     return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
 
@@ -392,7 +392,7 @@ def _tensors(out: Any) -> list[torch.Tensor]:
 class _Call:
     """A recorded operator made ready to replay: where in its arguments each view goes, found once.
 
-    Walking the arguments for views at every replay cost more than the operators of a small model did.
+    Searching the arguments for views at every replay cost more than the operators of a small model did.
     """
 
     def __init__(self, op: _Op) -> None:
@@ -437,7 +437,10 @@ class _Call:
 
 
 class RecordedGraph:
-    """The operators a capture recorded, replayed on the same tensors without the program's Python.
+    """The operators a capture recorded, run again on the same tensors without the program's Python.
+
+    It stands in for a ``torch.cuda.CUDAGraph``: :class:`~ignite_tbptt.runtime.programs.capture.Program` calls
+    :meth:`replay` as it calls a graph's.
 
     Args:
         ops: the recorded operators, in order.
@@ -454,7 +457,7 @@ class RecordedGraph:
         """Run the recorded operators again, writing each result where the capture's result is.
 
         Raises:
-            GraphReplayError: if an external input was freed, moved or resized since the capture.
+            RecordingError: if an external input was freed, moved or resized since the capture.
         """
         storages = [external.check(self.what) for external in self.externals]  # all, before anything is written
         if self._captured_run:
@@ -467,8 +470,8 @@ class RecordedGraph:
                 call.run(views)
 
 
-class ReplayedCapture(GraphCapture):
-    """A :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture` that records on any device (``"replayed"``).
+class Recorder(GraphCapture):
+    """A :class:`~ignite_tbptt.runtime.programs.capture.GraphCapture` that records on any device (``"recorded"``).
 
     Args:
         warmup: eager runs of a program before it is captured, as on CUDA.
@@ -511,3 +514,7 @@ class ReplayedCapture(GraphCapture):
             outputs = body()
         recording.finish()
         return RecordedGraph(recording.ops, recording.externals, list(recording._uses.values()), what), outputs
+
+
+#: The name :class:`RecordingError` had before 0.5.
+GraphReplayError = RecordingError

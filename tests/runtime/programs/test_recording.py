@@ -1,8 +1,8 @@
-"""``cuda_graphs="replayed"``: capture's rules on the CPU, with teeth.
+"""``cuda_graphs="recorded"``: capture's rules on the CPU, with teeth.
 
 A program recorded once replays its operators without its Python: a Python value read at capture stays as captured,
 a host read is refused at capture with the operator and the line named, and an input freed or moved since capture
-is named at the replay. The trainer's program tests beside this file run replayed as well; these test the recording
+is named at the replay. The trainer's program tests beside this file run recorded as well; these test the recording
 itself.
 """
 
@@ -12,7 +12,7 @@ from torch import nn
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime import GraphCaptureError, Program
-from ignite_tbptt.runtime.programs.replayed_capture import GraphReplayError, ReplayedCapture
+from ignite_tbptt.runtime.programs.recording import Recorder, RecordingError
 
 from .test_window import CharModel, batches, loss_fn
 
@@ -40,7 +40,7 @@ def test_a_replay_gives_the_eager_parameters_bit_for_bit():
     first, hidden = torch.randn(7, 3, 4, dtype=torch.float64), torch.zeros(1, 3, 5, dtype=torch.float64)
     x = first.clone()
     runs = {}
-    for capture in (None, ReplayedCapture(warmup=2)):
+    for capture in (None, Recorder(warmup=2)):
         x.copy_(first)
         torch.manual_seed(1)
         model = nn.GRU(4, 5).double()
@@ -91,14 +91,14 @@ def test_a_python_value_that_changes_between_runs_is_refused_at_capture_before_a
         results[mode], trainer = train(mode, batches(), loss, [attach])
     assert all(torch.equal(a, b) for a, b in zip(results[False], results["uncaptured"]))
     loss, attach = weighted([1.0])
-    with pytest.raises(GraphCaptureError, match=r"aten\.mul\.Tensor, called at .*test_replayed_capture\.py:\d+ "
+    with pytest.raises(GraphCaptureError, match=r"aten\.mul\.Tensor, called at .*test_recording\.py:\d+ "
                        r"\(return loss_fn\(y_pred, y\) \* factor\[0\].*\), its argument 1 is 0\.8\d+ where the run "
                        r"before gave 0\.8\d+\. A replay runs no Python"):  # fmt: skip
-        train("replayed", batches(), loss, [attach])
+        train("recorded", batches(), loss, [attach])
     # The same float held fixed is captured and replayed: only a value that changes is refused.
     fixed, _ = weighted([0.5])
     eager, _ = train(False, batches(), fixed)
-    replayed, trainer = train("replayed", batches(), fixed)
+    replayed, trainer = train("recorded", batches(), fixed)
     assert all(torch.equal(a, b) for a, b in zip(eager, replayed))
     assert trainer._process_function.loop.executor.graphs.counts.replays > 0
 
@@ -106,7 +106,7 @@ def test_a_python_value_that_changes_between_runs_is_refused_at_capture_before_a
 def counter_program(body_of_run, warmup=2):
     """A program whose body is ``body_of_run(run)``, the run counted from 0 in Python: what a graph would bake."""
     runs = iter(range(100))
-    return Program(lambda: body_of_run(next(runs)), ReplayedCapture(warmup=warmup), "the window")
+    return Program(lambda: body_of_run(next(runs)), Recorder(warmup=warmup), "the window")
 
 
 @pytest.mark.parametrize(
@@ -156,14 +156,14 @@ def test_a_programs_first_run_is_not_compared_so_state_it_makes_is_no_fault():
 )
 def test_values_handed_to_the_host_are_refused_at_capture_as_a_cuda_capture_refuses_them(read):
     t = torch.randn(3)
-    program = Program(lambda: read(t), ReplayedCapture(warmup=1), "the window")
+    program = Program(lambda: read(t), Recorder(warmup=1), "the window")
     program()
     with pytest.raises(GraphCaptureError, match=r"the window could not be captured: \w+ (hands|copies)"):
         program()
 
 
 def test_a_copy_between_devices_is_refused_at_capture():
-    program = Program(lambda: torch.ones(3).to("meta"), ReplayedCapture(warmup=1), "the window")
+    program = Program(lambda: torch.ones(3).to("meta"), Recorder(warmup=1), "the window")
     program()
     with pytest.raises(GraphCaptureError, match=r"aten\._to_copy\.default copies a tensor from cpu to meta"):
         program()
@@ -177,10 +177,10 @@ def test_a_host_read_is_refused_at_capture_with_the_operator_and_the_line():
         return loss
 
     with pytest.raises(GraphCaptureError, match=r"aten\._local_scalar_dense\.default reads a value back.*"):
-        train("replayed", batches(), reads_back)
+        train("recorded", batches(), reads_back)
     # The error names the line that read.
-    with pytest.raises(GraphCaptureError, match=r"test_replayed_capture\.py:\d+ \(if loss\.item\(\) > 100:"):
-        train("replayed", batches(), reads_back)
+    with pytest.raises(GraphCaptureError, match=r"test_recording\.py:\d+ \(if loss\.item\(\) > 100:"):
+        train("recorded", batches(), reads_back)
     # Uncaptured, the same programs run: the read is only a capture's fault.
     train("uncaptured", batches(), reads_back)
 
@@ -198,7 +198,7 @@ def test_a_host_read_is_refused_at_capture_with_the_operator_and_the_line():
 )
 def test_shapes_from_data_and_host_reads_are_refused(read):
     t = torch.randn(5)
-    program = Program(lambda: read(t), ReplayedCapture(warmup=1), "the window")
+    program = Program(lambda: read(t), Recorder(warmup=1), "the window")
     program()  # the warm-up runs eagerly
     with pytest.raises(GraphCaptureError, match=r"the window could not be captured: aten\.\w+"):
         program()
@@ -207,12 +207,12 @@ def test_shapes_from_data_and_host_reads_are_refused(read):
 def test_an_input_freed_or_moved_since_capture_is_named_at_the_replay():
     model = nn.Linear(3, 2)
     buffers = {"x": torch.randn(4, 3)}
-    capture = ReplayedCapture(warmup=0, names=lambda: {model.weight.untyped_storage().data_ptr(): "model.weight"})
+    capture = Recorder(warmup=0, names=lambda: {model.weight.untyped_storage().data_ptr(): "model.weight"})
     program = Program(lambda: model(buffers["x"]).detach(), capture, "the window")
     program()
     program()
     del buffers["x"]  # the owner lets the input go; the graph would read its memory
-    with pytest.raises(GraphReplayError, match=r"the window reads a 4x3 float32 tensor \(argument \d of aten\.\w+"):
+    with pytest.raises(RecordingError, match=r"the window reads a 4x3 float32 tensor \(argument \d of aten\.\w+"):
         program()
 
     buffers["x"] = torch.randn(4, 3)
@@ -220,5 +220,5 @@ def test_an_input_freed_or_moved_since_capture_is_named_at_the_replay():
     program()
     with torch.no_grad():
         model.weight.data = torch.randn(2, 3)  # new storage: the graph reads the old one
-    with pytest.raises(GraphReplayError, match=r"reads model\.weight, .* moved or resized since the program was"):
+    with pytest.raises(RecordingError, match=r"reads model\.weight, .* moved or resized since the program was"):
         program()
