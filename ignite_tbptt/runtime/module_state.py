@@ -181,20 +181,31 @@ def repoint_caches(model: torch.nn.Module, old: Any, new: Any) -> None:
         old: the state as the model returned it, a tensor or a tree of them.
         new: the state that replaces it, of the same structure.
     """
-    swap = {id(a): b for a, b in zip(hs.flatten(old), hs.flatten(new)) if a is not b}
-    if not swap:
+    pairs = [(a, b) for a, b in zip(hs.flatten(old), hs.flatten(new)) if a is not b]
+    if not pairs:
         return
+    # By the view a tensor is, not only by identity: an attribute may hold its own detached view of a leaf
+    # (module_state writes one back after each call).
+    swap = {_view(a): b for a, b in pairs}
 
     def swapped(t: torch.Tensor) -> torch.Tensor:
-        return swap.get(id(t), t)
+        return swap.get(_view(t), t)
 
     for module in model.modules():
         for where, name, value in _held(module):
             if torch.is_tensor(value):
-                if id(value) in swap:
-                    where[name] = swap[id(value)]
-            elif any(id(t) in swap for t in pytree.tree_leaves(value) if torch.is_tensor(t)):
+                if _view(value) in swap:
+                    where[name] = swap[_view(value)]
+            elif any(_view(t) in swap for t in pytree.tree_leaves(value) if torch.is_tensor(t)):
                 where[name] = pytree.tree_map_only(torch.Tensor, swapped, value)
+
+
+def _view(t: torch.Tensor) -> Any:
+    # What makes two tensors the same values: their memory, shape, strides, dtype and device; a tensor without memory
+    # of its own (empty, sparse) is only itself.
+    if t.numel() == 0 or t.layout != torch.strided:
+        return id(t)
+    return t.data_ptr(), t.shape, t.stride(), t.dtype, t.device
 
 
 def check_attributes(model: torch.nn.Module, returned: Any = None) -> None:

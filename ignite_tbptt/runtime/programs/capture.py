@@ -11,9 +11,10 @@ first), and a capture is checked against this thread only (``capture_error_mode=
 thread that touches CUDA meanwhile does not invalidate it.
 
 Every graph of a trainer shares one memory pool (:class:`GraphCapture`): no two run at once, and each graph's
-outputs are read before the next replay, so one graph's temporaries may reuse another's memory. What must outlive a
-replay (an inf/NaN decision carried from step to step, an optimizer's state) is allocated outside the pool, before
-capture.
+outputs are copied out before the next replay, so one graph's temporaries may reuse another's memory (torch vouches
+for that only in capture order, and window and step graphs replay in another). What must outlive a replay (an inf/NaN
+decision carried from step to step, a split step's decisions between its two graphs, the window's state the model
+keeps in attributes, an optimizer's state) is allocated outside the pool, before capture.
 
 A trainer keeps at most a limit of programs (:class:`ProgramCache`), one per shape of window or step: shapes that stop
 coming (sequence starts at places that do not recur, a batch length seen once) do not hold their slot, the least

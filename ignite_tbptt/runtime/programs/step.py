@@ -157,6 +157,7 @@ class StepPrograms:
         self.device: torch.device | None = None
         self.divisor: torch.Tensor | None = None  # float64, the step's target count (or 1)
         self.found: torch.Tensor | None = None  # float32 inf/NaN decision, carried from step to step until read
+        self._found_by_device: dict[Any, torch.Tensor] = {}  # with a scaler, its decisions where a split step reads
         self.lrs: list[torch.Tensor] = []
 
     def parameters(self) -> list[torch.Tensor]:
@@ -244,7 +245,16 @@ class StepPrograms:
         grads = gradients_of(optimizer)
         if scaler is not None:
             unscale_and_divide(optimizer, scaler, grads, divisor)
-            return dict(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"])
+            found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+            # Copied into buffers made before capture: a split step's second program reads them after the host's
+            # handlers, outside the graphs' pool.
+            kept = self._found_by_device
+            for d, t in found.items():
+                if d not in kept:  # at a first run, before any capture
+                    kept[d] = torch.empty_like(t)
+            buffers = {d: kept[d] for d in found}
+            torch._foreach_copy_(list(buffers.values()), list(found.values()))
+            return buffers
         found = self.found
         assert found is not None, "fill_buffers() made the buffers before any program runs"
         decision = divide_and_check(grads, divisor, into=found)

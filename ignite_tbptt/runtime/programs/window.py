@@ -270,9 +270,18 @@ class ProgramExecutor(SegmentExecutor):
         root = rule.root(rule.backpropagated(mean, n, backward_mean))
         return CallPass(mean, y_pred, hidden_out, root, count)
 
-    def state_after(self, state: Any) -> Any:
-        """A program's window's returned state, detached, once its backward pass ran."""
+    def state_after(self, state: Any, into: list[torch.Tensor] | None = None) -> Any:
+        """A program's window's returned state, detached, once its backward pass ran.
+
+        ``into``: buffers made before capture, outside the graphs' memory pool, into which a captured program copies
+        the state: the model's caches of the state point at them between replays, where the next graph's temporaries
+        cannot reach (torch vouches for graphs sharing a pool only replayed in their capture order).
+        """
         detached = hs.unflatten(state, [t.detach() for t in hs.flatten(state)])
+        if into is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(into, hs.flatten(detached))
+            detached = hs.unflatten(state, into)
         if self.graphs is not None:  # a cache of the state would keep this run's graph, into the next capture
             repoint_caches(self.model_call.model, state, detached)
         return detached
@@ -409,6 +418,7 @@ class WindowProgram:
         self.targets = [layout.steps(y, c.start, c.end).numel() for c in calls]
         # Whether a run checked that the model draws no random numbers, where they would be drawn again.
         self.checked = not reach and not rebuilds
+        self.state_out: list[torch.Tensor] | None = None  # where a captured program leaves the window's state
         self.program = Program(self._body, executor.graphs, "the window")
 
     @staticmethod
@@ -458,6 +468,8 @@ class WindowProgram:
         if any(counts):
             self.executor.gradients.take(self.executor.trained, grads)
         losses, states = copied_out((losses, states), fresh)
+        if fresh and self.state_out is not None:  # a warm-up's: the buffers are written again by the next run
+            states[-1] = [t.clone() for t in states[-1]]
         predictions = copied_out(predictions, fresh) if keep_predictions else [None] * len(predictions)
         return WindowResults(losses, counts, states, predictions)
 
@@ -480,7 +492,10 @@ class WindowProgram:
             roots.append(passed.root)
             counts.append(passed.count)
         grads = self._gradients(roots, counts)
-        states[-1] = hs.flatten(executor.state_after(state))  # the model's caches of it let go of the graph too
+        if executor.graphs is not None and self.state_out is None:  # at the first run, before any capture
+            self.state_out = [torch.empty_like(t) for t in hs.flatten(state)]
+        # The model's caches of the state let go of the graph, and point outside the graphs' pool.
+        states[-1] = hs.flatten(executor.state_after(state, self.state_out))
         return losses, states, predictions, grads, None if counts[0] is None else counts
 
     def _rebuilt(self, fn: Callable, *args: Any) -> Any:

@@ -29,21 +29,25 @@ def recorded_mode(request, monkeypatch):
     yield from _in_mode(request.param, monkeypatch)
 
 
+#: Warm-up runs before a capture in the program tests, the same on the CPU and under ``--device cuda`` (the trainer's
+#: default is three): the tests' short runs capture, and replay, each program they make, and each recorded capture is
+#: compared with the run before it (a value that would be baked is refused).
+WARMUP = 2
+
+
 def _in_mode(mode, monkeypatch):
     if torch.get_default_device().type == "cuda":
         # Captured with torch's tracker: a replay that reads an input freed since its capture raises.
         init = GraphCapture.__init__
 
-        def checked(self, *args, **kwargs):
-            init(self, *args, **kwargs)
+        def checked(self, warmup=3):
+            init(self, WARMUP)
             self.check_input_liveness = True
 
         monkeypatch.setattr(GraphCapture, "__init__", checked)
     elif mode == "recorded":
-        # Two warm-up runs rather than CUDA's three: the tests' short runs capture, and replay, each program they make,
-        # and each capture is compared with the run before it (a value that would be baked is refused).
         init = Recorder.__init__
-        monkeypatch.setattr(Recorder, "__init__", lambda self, warmup=3, names=None: init(self, 2, names))
+        monkeypatch.setattr(Recorder, "__init__", lambda self, warmup=3, names=None: init(self, WARMUP, names))
     pm.set_mode(mode)
     yield mode
     pm.set_mode("uncaptured")

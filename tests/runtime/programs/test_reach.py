@@ -89,7 +89,7 @@ def test_steps_run_as_step_programs_after_reaching_windows(device):
     assert len(swept(runs)) == 40 - 2 * 2
 
 
-def test_a_grad_scaler_scales_each_sweep_program(device):
+def test_a_grad_scaler_scales_each_window_program(device):
     data = batches()
     options = {"k1": 5, "k2": 10, "carry_hidden": True, "dtype": torch.float32, "scaler": True}
     eager, _, _ = train(False, data, **options)
@@ -132,7 +132,7 @@ def mid_window_starts(data):
 @pytest.mark.parametrize(
     "case", ["sequence starts", "batches ending inside windows", "learned initial state", "state in an attribute"]
 )
-def test_windows_of_several_calls_run_as_sweep_programs(device, case, k2):
+def test_windows_of_several_calls_run_as_one_program(device, case, k2):
     # A sequence start inside a window splits it into two model calls, the second resetting the starting columns as
     # a mask, both inside the program; the retained segments a window reaches run again with their own resets. A
     # window the batch ends inside runs eagerly, and the programs after it run its parts again. A learned initial
@@ -303,7 +303,7 @@ def test_recurrent_dropout_between_layers_is_refused_where_graphs_are_captured_a
 @pytest.mark.parametrize(
     "k1, k2, recompute", [(5, 5, 2), (5, 10, 2), (5, 7, 3), (1, 8, 1)], ids=["(5, 5)", "(5, 10)", "(5, 7)", "(1, 8)"]
 )
-def test_recomputation_mode_runs_as_sweep_programs_that_keep_no_activation(device, k1, k2, recompute):
+def test_recomputation_mode_runs_as_window_programs_that_keep_no_activation(device, k1, k2, recompute):
     # With recompute, every window is a window program whose calls (of at most `recompute` steps) and retained
     # segments keep no activation: the backward pass runs each forward pass again, as the eager sweep rebuilds them.
     data = batches()
@@ -343,7 +343,7 @@ def test_a_recorded_gradient_reach_runs_its_windows_eagerly(device):
 
 
 @pytest.mark.parametrize("k1, k2", [(1, 4), (2, 6)])
-def test_resuming_mid_epoch_rebuilds_the_history_sweep_programs_recompute_from(tmp_path, k1, k2):
+def test_resuming_mid_epoch_rebuilds_the_history_window_programs_recompute_from(tmp_path, k1, k2):
     # The history that programs leave (inputs, states, weight versions, no graph) is saved and rebuilt as the eager
     # trainer's; the resumed run's programs reach into it. Batches of 7, 12, 5, 9 and 11 steps: windows split at
     # batch ends run eagerly, and the programs after them recompute their parts.

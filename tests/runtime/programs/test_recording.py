@@ -9,6 +9,7 @@ itself.
 import pytest
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 from ignite_tbptt import TBPTTEvents, create_tbptt_trainer
 from ignite_tbptt.runtime import GraphCaptureError, Program
@@ -222,3 +223,61 @@ def test_an_input_freed_or_moved_since_capture_is_named_at_the_replay():
         model.weight.data = torch.randn(2, 3)  # new storage: the graph reads the old one
     with pytest.raises(RecordingError, match=r"reads model\.weight, .* moved or resized since the program was"):
         program()
+
+
+def _made_inside(graph):
+    # The storages a recorded program's operators wrote their results into: a graph's pool, on CUDA.
+    return {t.untyped_storage().data_ptr() for call in graph._calls for t in call.outputs or () if t is not None}
+
+
+def _held_tensors(model):
+    return [t for m in model.modules() for v in vars(m).values() for t in pytree.tree_leaves(v) if torch.is_tensor(t)]
+
+
+@pytest.mark.parametrize("cached", ["returned state cached in an attribute", "module_state"])
+def test_state_a_model_keeps_in_attributes_between_replays_is_outside_the_graphs_memory(cached):
+    # torch vouches for graphs sharing a memory pool only replayed in their capture order: an output read after
+    # another graph replays may have been a temporary of that graph. The model's attributes that keep the window's
+    # state between windows (a cache of the returned state, module_state's attributes) must point outside the pool.
+    from .test_window import CachesItsState, KeepsItsState
+
+    torch.manual_seed(0)
+    model = (CachesItsState() if cached.startswith("returned") else KeepsItsState()).double()
+    options = {"module_state": ["h"]} if cached == "module_state" else {}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+    trainer = create_tbptt_trainer(model, optimizer, loss_fn, 5, carry_hidden=True, cuda_graphs="recorded", **options)
+    held, replays = set(), [0]
+
+    @trainer.on(TBPTTEvents.WINDOW_COMPLETED)
+    def storages():  # after each window a program replayed
+        counts = trainer.state.programs.kinds.get("window", {})
+        if counts.get("replays", 0) > replays[0]:
+            replays[0] = counts["replays"]
+            held.update(t.untyped_storage().data_ptr() for t in _held_tensors(model))
+
+    trainer.run(batches(), max_epochs=2)
+    programs = trainer._process_function.loop.executor.cache.values()
+    inside = set().union(*(_made_inside(p.program.graph) for p in programs if p.program.graph is not None))
+    assert inside and held and not held & inside
+
+
+def test_a_split_steps_decisions_kept_for_its_second_program_are_outside_the_graphs_memory():
+    # A host handler of OPTIMIZER_STEP_STARTED splits the step: the scaler's inf/NaN decisions of the first program
+    # are read by the second after the handler. They must be buffers made before capture, not the first graph's
+    # outputs in the shared pool.
+    torch.manual_seed(0)
+    model = CharModel().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
+    trainer = create_tbptt_trainer(model, optimizer, loss_fn, 5, carry_hidden=True, scaler=True, cuda_graphs="recorded")
+    seen = []
+
+    @trainer.on(TBPTTEvents.OPTIMIZER_STEP_STARTED)
+    def host_handler():
+        found = trainer.state.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        seen.append({t.untyped_storage().data_ptr() for t in found.values()})
+
+    trainer.run(batches(), max_epochs=2)
+    steps = trainer._process_function.loop.optimizer_step.step_programs.cache.values()
+    split = [s for s in steps if s.before is not None and s.before.graph is not None]
+    assert split and trainer.state.programs.kinds["step"]["replays"] > 0
+    assert seen[-1] and not seen[-1] & set().union(*(_made_inside(s.before.graph) for s in split))

@@ -185,7 +185,7 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached, k1, k2
     assert all(not alive for alive in alive_at_programs), [(i, a) for i, a in enumerate(alive_at_programs) if a]
 
 
-def test_sequence_starts_reset_inside_the_program_and_split_windows_run_as_sweep_programs(device):
+def test_sequence_starts_reset_inside_the_program_and_split_windows_run_as_one_program(device):
     data = batches()
     starts_at = {0: [1], 10: [0, 3], 20: [2], 7: [1]}  # steps 0, 10, 20 open windows; step 7 splits one
     with_starts = []
