@@ -476,7 +476,7 @@ class Recorder(GraphCapture):
     Args:
         warmup: eager runs of a program before it is captured, as on CUDA.
         names: called at each capture, the names of tensors the trainer knows (parameters, optimizer state), by
-            storage pointer, for the errors that name an input; :meth:`name` adds more.
+            storage pointer, for the errors that name an input; :meth:`name_model` and :meth:`name_optimizer` add more.
     """
 
     def __init__(self, warmup: int = 3, names: Callable[[], dict[int, str]] | None = None) -> None:
@@ -485,8 +485,25 @@ class Recorder(GraphCapture):
         # Each program's body, once it ran: the outline of its last warm-up run after its first.
         self._outlines: weakref.WeakKeyDictionary[Any, _Outline | None] = weakref.WeakKeyDictionary()
 
-    def name(self, names: Callable[[], dict[int, str]]) -> None:
-        """Also name the tensors ``names()`` gives, by storage pointer, in the errors (the model's, the optimizer's)."""
+    def name_model(self, model: torch.nn.Module) -> None:
+        """Name ``model``'s parameters and buffers in the errors that name an input."""
+        named = model.named_parameters, model.named_buffers
+        self._namers.append(
+            lambda: {t.untyped_storage().data_ptr(): f"the model's {n}" for tensors in named for n, t in tensors()}
+        )
+
+    def name_optimizer(self, optimizer: Any) -> None:
+        """Name ``optimizer``'s state tensors, by parameter and key, in the errors that name an input."""
+
+        def names() -> dict[int, str]:
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+            return {
+                t.untyped_storage().data_ptr(): f"the optimizer's state {k!r} of parameter {i}"
+                for i, p in enumerate(params)
+                for k, t in optimizer.state.get(p, {}).items()
+                if isinstance(t, torch.Tensor)
+            }
+
         self._namers.append(names)
 
     def on_side_stream(self, body: Callable[[], Any]) -> Any:

@@ -153,7 +153,7 @@ class StepPrograms:
         self.counts = capture.counts if capture is not None else ProgramCounts()
         self.cache = ProgramCache(limit, self.counts)
         if isinstance(capture, Recorder):  # its errors name the optimizer's state
-            capture.name(self._state_by_name)
+            capture.name_optimizer(optimizer)
         self.device: torch.device | None = None
         self.divisor: torch.Tensor | None = None  # float64, the step's target count (or 1)
         self.found: torch.Tensor | None = None  # float32 inf/NaN decision, carried from step to step until read
@@ -202,11 +202,6 @@ class StepPrograms:
             for key, value in state.get(p, {}).items():
                 if isinstance(value, torch.Tensor):
                     yield i, key, value
-
-    def _state_by_name(self) -> dict[int, str]:
-        return {
-            t.untyped_storage().data_ptr(): f"the optimizer's state {k!r} of parameter {i}" for i, k, t in self._state()
-        }
 
     def state_tensors(self) -> tuple:
         """Where the optimizer's state tensors are: a handler may give a parameter's state new ones.

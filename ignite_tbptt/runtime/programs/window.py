@@ -103,11 +103,6 @@ def build_executor(
     return ProgramExecutor(model_call, loss, stream, target_count_fn, steps)
 
 
-def _storages_by_name(model: torch.nn.Module) -> dict[int, str]:
-    named = [*model.named_parameters(), *model.named_buffers()]
-    return {t.untyped_storage().data_ptr(): f"the model's {name}" for name, t in named}
-
-
 class ProgramExecutor(SegmentExecutor):
     """The second executor: a window whole as one window program, where planning says so.
 
@@ -146,7 +141,7 @@ class ProgramExecutor(SegmentExecutor):
         #: How the programs ran (``engine.state.programs``).
         self.counts = steps.counts
         if isinstance(graphs, Recorder):  # its errors name the model's tensors
-            graphs.name(lambda: _storages_by_name(model_call.model))
+            graphs.name_model(model_call.model)
         self.cache = ProgramCache(limit, self.counts)  # the window programs, by shape
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
         self._trained_index: list[int] = []  # their places among the parameters
