@@ -25,6 +25,7 @@ _SOURCES = {
     "TBPTTEngine": "engine",
     "TBPTTEvents": "engine",
     "TBPTTProcessFunction": "engine",
+    "check_model": "engine",
     "create_tbptt_evaluator": "engine",
     "create_tbptt_trainer": "engine",
     "load_checkpoint": "engine",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
         TBPTTEngine,
         TBPTTEvents,
         TBPTTProcessFunction,
+        check_model,
         create_tbptt_evaluator,
         create_tbptt_trainer,
         load_checkpoint,
@@ -129,4 +131,5 @@ __all__ = [
     "FullStateDict",
     "masked_loss",
     "count_targets",
+    "check_model",
 ]

@@ -19,6 +19,7 @@ from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .evaluator import create_tbptt_evaluator
 from .events import TBPTTEvents
 from .full_state_dict import FullStateDict
+from .model_check import ModelCheck, Verdict, check_model
 from .process import TBPTTProcessFunction
 from .state import TBPTTState, tbptt_state
 from .trainer import TrainingOptions, create_tbptt_trainer, tbptt_training_step
@@ -36,6 +37,9 @@ __all__ = [
     "create_tbptt_evaluator",
     "load_checkpoint",
     "FullStateDict",
+    "check_model",
+    "ModelCheck",
+    "Verdict",
 ]
 
 
