@@ -17,9 +17,10 @@ tolerance for its dtype, and a failing one names the state's leaf (its path and 
 - **trains**: a few windows of :func:`~ignite_tbptt.create_tbptt_trainer` at k1 = k2 and at k2 = 2 k1 run and change
   the parameters.
 
-The model's parameters and buffers are restored afterwards. Each model call goes through the trainer's own
-(:func:`~ignite_tbptt.runtime.build_model_call`), with its checks: ``model_fn``, ``module_state`` and
-``initial_state`` mean what they mean there.
+The model's parameters and buffers are restored afterwards. ``python -m ignite_tbptt.engine.model_check_command
+module:factory`` prints the check of a model a factory makes (:mod:`ignite_tbptt.engine.model_check_command`). Each
+model call goes through the trainer's own (:func:`~ignite_tbptt.runtime.build_model_call`), with its checks:
+``model_fn``, ``module_state`` and ``initial_state`` mean what they mean there.
 """
 
 from __future__ import annotations

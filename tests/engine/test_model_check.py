@@ -117,3 +117,22 @@ def test_random_draws_in_training_mode_fail_clean_unless_declared():
 def test_an_input_too_short_to_chunk_is_refused():
     with pytest.raises(ValueError, match="at least 4 steps and 2 columns"):
         check_model(nn.GRU(3, 4), torch.randn(3, 2, 3))
+
+
+def test_the_command_checks_a_model_a_factory_makes(tmp_path, monkeypatch, capsys):
+    from ignite_tbptt.engine.model_check_command import main
+
+    (tmp_path / "planted_models.py").write_text(
+        "import torch\n"
+        "def gru():\n"
+        "    return torch.nn.GRU(3, 4).double(), torch.randn(9, 3, 3, dtype=torch.float64)\n"
+        "def bidirectional():\n"
+        "    return torch.nn.GRU(3, 4, bidirectional=True), torch.randn(9, 3, 3), {'random': False}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["planted_models:gru"]) == 0
+    assert "| carried | yes |" in capsys.readouterr().out
+    assert main(["planted_models:bidirectional"]) == 1
+    assert "| carried | NO |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["planted_models"])
