@@ -149,7 +149,10 @@ class ModelCall:
         if not isinstance(output, (tuple, list)) or len(output) != 2:
             raise TypeError(
                 "model_fn must return (y_pred, hidden), e.g. an nn.LSTM-based model whose forward returns "
-                f"(output, (h, c)); got {type(output).__name__}. Wrap the model or pass model_fn to adapt it."
+                f"(output, (h, c)); got {type(output).__name__}. Wrap the model or pass model_fn to adapt it; a model "
+                "that keeps its state in attributes and returns its outputs alone (snnTorch's neurons with "
+                "init_hidden=True) is trained with module_state=['lif1.mem', ...] naming them "
+                "(docs/howto/stateful-models.md)."
             )
         y_pred, hidden_out = output
         if hidden is None:  # once per stream: the state's structure is fixed from here on

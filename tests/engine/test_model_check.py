@@ -136,3 +136,20 @@ def test_the_command_checks_a_model_a_factory_makes(tmp_path, monkeypatch, capsy
     assert "| carried | NO |" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(["planted_models"])
+
+
+class Opaque:
+    def __init__(self, h):
+        self.h = h
+
+
+class ReturnsAnObject(nn.GRU):
+    def forward(self, x, hidden=None):
+        y, h = super().forward(x, None if hidden is None else hidden.h)
+        return y, Opaque(h)
+
+
+def test_a_state_the_trainer_cannot_see_into_is_refused_as_the_trainer_refuses_it():
+    check = check_model(ReturnsAnObject(3, 4).double(), X)
+    assert check["carried"].passed is False and "cannot see into" in check["carried"].detail
+    assert [v.passed for v in check.verdicts[1:]] == [None] * 5

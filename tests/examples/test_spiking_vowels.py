@@ -43,3 +43,17 @@ def test_without_module_state_the_membranes_are_named_after_the_first_window():
         RuntimeError, match=r"graph in lif1\.mem, lif2\.mem\..*module_state=\['lif1\.mem', 'lif2\.mem'\]"
     ):
         trainer.run([(x, y)])
+
+
+def test_check_model_finds_the_network_carrying_its_membranes_through_module_state():
+    from ignite_tbptt import check_model
+    from ignite_tbptt.examples._spiking_vowels import STATE, SpikingSpeakerNet
+
+    torch.manual_seed(0)
+    x = 3 * torch.randn(12, 3, 12)  # (T, B, coefficients): enough drive for the neurons to spike
+    check = check_model(SpikingSpeakerNet(hidden=16), x, module_state=STATE)
+    assert check.ok, str(check)
+    assert check["used"].figure > 0.1
+    # Without module_state the model returns its outputs alone, which the trainer refuses, naming the fix.
+    refused = check_model(SpikingSpeakerNet(hidden=16), x)["carried"]
+    assert refused.passed is False and "module_state" in refused.detail

@@ -320,3 +320,14 @@ def test_a_mid_epoch_resume_continues_bit_identically(tmp_path):
         return model, optimizer, mamba2_trainer(model, optimizer, 4, 6, deterministic=True)
 
     assert_resume_is_bit_identical(tmp_path, build, batches, stop_at=2, epochs=2)
+
+
+def test_check_model_finds_the_adapted_mamba2_carrying_its_state_and_names_the_one_step_calls_it_refuses():
+    from ignite_tbptt import check_model
+
+    model = build_model()
+    x = torch.randint(0, VOCAB, (3, 12), generator=torch.Generator().manual_seed(0))
+    check = check_model(model, x, model_fn=mamba2_model_fn, reset_hidden=mamba2_reset_hidden, time_dim=1)
+    assert check.ok, str(check)
+    assert check["carried"].figure < 1e-6 and check["gradient"].figure < 1e-6  # its SSM state is float32
+    assert "chunks of 1 steps refused by the model" in check["carried"].detail
