@@ -207,3 +207,15 @@ def test_the_spread_of_an_examples_figures_runs_each_seed_and_thread_count_apart
     text = page.read_text()
     assert "`python -m ignite_tbptt.examples.decoder [--k2 3] --length 200`, 2 runs: seeds 0, 1 on 1 thread." in text
     assert f"| spread |  | {min(right):.3f}-{max(right):.3f} |" in text
+
+
+def test_the_models_page_has_a_checked_row_for_each_model_and_the_torch_rows_are_what_check_model_says(monkeypatch):
+    from benchmarks import models
+
+    page = models.PAGE.read_text()
+    section = page[page.index(models.BEGIN) : page.index(models.END)]
+    assert section.count("\n| ") == len(models.MODELS) + 1  # the header and one row each
+    monkeypatch.setattr(models, "MODELS", [m for m in models.MODELS if m[1] == "torch"][:4])
+    torch_rows = [row for row in section.splitlines() if "| torch " in row][:4]
+    for fresh, written in zip(models.rows(), torch_rows):
+        assert fresh[3:9] == [cell.strip() for cell in written.split("|")[4:10]], (fresh[0], written)

@@ -35,7 +35,7 @@ def test_torchs_recurrent_layers_carry_their_state_and_the_model_is_left_as_it_w
 def test_a_bidirectional_layer_reads_the_future_and_does_not_carry():
     check = check_model(nn.GRU(3, 4, bidirectional=True).double(), X)
     assert check["carried"].passed is False and check["carried"].figure > 1e-3
-    assert check["trains"].passed is None  # not measured after a failure
+    assert check["trains"].passed  # it trains all the same: the check says what it learns from
 
 
 class TwoLayers(nn.Module):
