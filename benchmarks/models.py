@@ -111,6 +111,32 @@ def _mamba2(adapted: bool) -> tuple:
     return model, _tokens(11), {"model_fn": cache_returned, "time_dim": 1}
 
 
+def _mamba_fresh_cache(model: Any, x: torch.Tensor, state: Any) -> tuple:
+    # mamba2_model_fn's form for Hugging Face's Mamba v1: a fresh cache per call, seeded with the carried
+    # (conv, ssm) of each layer, its tensors returned.
+    from transformers import DynamicCache
+
+    config = model.config
+    cache = DynamicCache(config=config)
+    for i, (conv, ssm) in enumerate(state or ()):
+        cache.update_conv_state(conv, i, conv_kernel_size=config.conv_kernel)
+        cache.update_recurrent_state(ssm, i)
+    out = model(input_ids=x, cache=cache, use_cache=True)
+    layers = range(config.num_hidden_layers)
+    return out.logits, tuple((cache.get_conv_state(i), cache.get_recurrent_state(i)) for i in layers)
+
+
+def _mamba_v1() -> tuple:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.MambaConfig(
+        vocab_size=11, hidden_size=16, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4
+    )
+    model = transformers.MambaForCausalLM(config).double()
+    return model, _tokens(11), {"model_fn": _mamba_fresh_cache, "time_dim": 1}
+
+
 def _fla(name: str) -> tuple:
     from ignite_tbptt.models import fla_model_fn, fla_reset_hidden
     from tests.models.test_fla import build_model
@@ -137,6 +163,7 @@ MODELS: list[tuple[str, str, str, Callable[[], tuple]]] = [
     ("memory transformer (examples)", "torch", "`initial_state=model.start`", _memory_transformer),
     ("`Mamba2ForCausalLM`", "transformers", "`model_fn` returning `out.cache`", lambda: _mamba2(False)),
     ("the same", "transformers", "`mamba2_model_fn`, `mamba2_reset_hidden`", lambda: _mamba2(True)),
+    ("`MambaForCausalLM` (Mamba v1)", "transformers", "the same fresh-cache `model_fn`", _mamba_v1),
     *(
         (f"`{model}` (reference kernels)", "flash-linear-attention", "`fla_model_fn`, `fla_reset_hidden`", factory)
         for model, factory in (
