@@ -137,6 +137,22 @@ def _mamba_v1() -> tuple:
     return model, _tokens(11), {"model_fn": _mamba_fresh_cache, "time_dim": 1}
 
 
+def _rwkv() -> tuple:
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.RwkvConfig(
+        vocab_size=11, hidden_size=16, num_hidden_layers=2, attention_hidden_size=16, intermediate_size=32
+    )
+    model = transformers.RwkvForCausalLM(config).double()
+
+    def state_returned(m: Any, x: torch.Tensor, state: Any) -> tuple:
+        out = m(input_ids=x, state=state, use_cache=True)
+        return out.logits, out.state
+
+    return model, _tokens(11), {"model_fn": state_returned, "time_dim": 1}
+
+
 def _fla(name: str) -> tuple:
     from ignite_tbptt.models import fla_model_fn, fla_reset_hidden
     from tests.models.test_fla import build_model
@@ -164,6 +180,7 @@ MODELS: list[tuple[str, str, str, Callable[[], tuple]]] = [
     ("`Mamba2ForCausalLM`", "transformers", "`model_fn` returning `out.cache`", lambda: _mamba2(False)),
     ("the same", "transformers", "`mamba2_model_fn`, `mamba2_reset_hidden`", lambda: _mamba2(True)),
     ("`MambaForCausalLM` (Mamba v1)", "transformers", "the same fresh-cache `model_fn`", _mamba_v1),
+    ("`RwkvForCausalLM`", "transformers", "`model_fn` returning `out.state`", _rwkv),
     *(
         (f"`{model}` (reference kernels)", "flash-linear-attention", "`fla_model_fn`, `fla_reset_hidden`", factory)
         for model, factory in (
