@@ -10,6 +10,7 @@ use (``tests/models/fla_reference.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import importlib.metadata
 import warnings
@@ -40,6 +41,23 @@ def _tokens(vocab: int, steps: int = 12, columns: int = 3) -> torch.Tensor:
 
 def _torch(make: Callable[[], nn.Module]) -> Callable[[], tuple]:
     return lambda: (make().double(), _features(), {})
+
+
+@dataclasses.dataclass
+class _LSTMState:
+    h: torch.Tensor
+    c: torch.Tensor
+
+
+class _DataclassState(nn.Module):
+    # A dataclass state around nn.LSTM, as the page's row has it.
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(3, 4)
+
+    def forward(self, x: torch.Tensor, state: _LSTMState | None = None) -> tuple[torch.Tensor, _LSTMState]:
+        y, (h, c) = self.lstm(x, None if state is None else (state.h, state.c))
+        return y, _LSTMState(h, c)
 
 
 class _LeakyLoop(nn.Module):
@@ -90,7 +108,7 @@ def _memory_transformer() -> tuple:
     return model, _tokens(11), {"initial_state": model.start, "time_dim": 1}
 
 
-def _mamba2(adapted: bool) -> tuple:
+def _mamba2(adapted: bool, variant: str = "cache returned") -> tuple:
     import transformers
 
     from ignite_tbptt.models import mamba2_model_fn, mamba2_reset_hidden
@@ -108,7 +126,19 @@ def _mamba2(adapted: bool) -> tuple:
         out = m(x, cache=state, use_cache=True)
         return out.logits, out.cache
 
-    return model, _tokens(11), {"model_fn": cache_returned, "time_dim": 1}
+    kept: dict[str, Any] = {}
+
+    def one_cache(m: Any, x: torch.Tensor, state: Any) -> tuple:
+        # One cache kept across calls, its tensors returned as the state.
+        if state is None:
+            kept["cache"] = transformers.DynamicCache(config=m.config)
+        cache = kept["cache"]
+        out = m(x, cache=cache, use_cache=True)
+        layers = range(m.config.num_hidden_layers)
+        return out.logits, tuple((cache.get_conv_state(i), cache.get_recurrent_state(i)) for i in layers)
+
+    model_fn = one_cache if variant == "one cache" else cache_returned
+    return model, _tokens(11), {"model_fn": model_fn, "time_dim": 1}
 
 
 def _mamba_fresh_cache(model: Any, x: torch.Tensor, state: Any) -> tuple:
@@ -166,6 +196,7 @@ MODELS: list[tuple[str, str, str, Callable[[], tuple]]] = [
     ("`nn.GRU`, 2 layers", "torch", "nothing", _torch(lambda: nn.GRU(3, 4, num_layers=2))),
     ("`nn.LSTM`, 2 layers", "torch", "nothing", _torch(lambda: nn.LSTM(3, 4, num_layers=2))),
     ("`nn.GRU`, bidirectional", "torch", "nothing", _torch(lambda: nn.GRU(3, 4, bidirectional=True))),
+    ("a dataclass state around `nn.LSTM`", "torch", "nothing", _torch(_DataclassState)),
     (
         "`snn.Leaky(init_hidden=False)`, membrane returned",
         "snntorch",
@@ -178,6 +209,12 @@ MODELS: list[tuple[str, str, str, Callable[[], tuple]]] = [
     ("the same", "xlstm", "the example's `xlstm_model_fn`", lambda: _xlstm(True)),
     ("memory transformer (examples)", "torch", "`initial_state=model.start`", _memory_transformer),
     ("`Mamba2ForCausalLM`", "transformers", "`model_fn` returning `out.cache`", lambda: _mamba2(False)),
+    (
+        "the same",
+        "transformers",
+        "one cache kept across calls, its tensors returned",
+        lambda: _mamba2(False, "one cache"),
+    ),
     ("the same", "transformers", "`mamba2_model_fn`, `mamba2_reset_hidden`", lambda: _mamba2(True)),
     ("`MambaForCausalLM` (Mamba v1)", "transformers", "the same fresh-cache `model_fn`", _mamba_v1),
     ("`RwkvForCausalLM`", "transformers", "`model_fn` returning `out.state`", _rwkv),
