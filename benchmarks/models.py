@@ -183,11 +183,22 @@ def _rwkv() -> tuple:
     return model, _tokens(11), {"model_fn": state_returned, "time_dim": 1}
 
 
-def _fla(name: str) -> tuple:
+def _fla(name: str, adapted: bool = True) -> tuple:
     from ignite_tbptt.models import fla_model_fn, fla_reset_hidden
     from tests.models.test_fla import build_model
 
-    return build_model(name), _tokens(11), {"model_fn": fla_model_fn, "reset_hidden": fla_reset_hidden, "time_dim": 1}
+    if adapted:
+        return (
+            build_model(name),
+            _tokens(11),
+            {"model_fn": fla_model_fn, "reset_hidden": fla_reset_hidden, "time_dim": 1},
+        )
+
+    def cache_returned(m: Any, x: torch.Tensor, state: Any) -> tuple:
+        out = m(x, past_key_values=state, use_cache=True)
+        return out.logits, out.past_key_values
+
+    return build_model(name), _tokens(11), {"model_fn": cache_returned, "time_dim": 1}
 
 
 #: Each row: the model as the page names it, the package whose version it gives, what is passed, and its factory.
@@ -218,6 +229,12 @@ MODELS: list[tuple[str, str, str, Callable[[], tuple]]] = [
     ("the same", "transformers", "`mamba2_model_fn`, `mamba2_reset_hidden`", lambda: _mamba2(True)),
     ("`MambaForCausalLM` (Mamba v1)", "transformers", "the same fresh-cache `model_fn`", _mamba_v1),
     ("`RwkvForCausalLM`", "transformers", "`model_fn` returning `out.state`", _rwkv),
+    (
+        "`GatedDeltaNetForCausalLM` (reference kernels)",
+        "flash-linear-attention",
+        "`model_fn` returning `out.past_key_values`",
+        lambda: _fla("gated_deltanet", adapted=False),
+    ),
     *(
         (f"`{model}` (reference kernels)", "flash-linear-attention", "`fla_model_fn`, `fla_reset_hidden`", factory)
         for model, factory in (
