@@ -63,7 +63,7 @@ def check_visible(tree: Any) -> None:
             f"state{pytree.keystr(path)}, which the trainer cannot see into: it could not detach it at a cut, reset "
             "it at a sequence start or save it in a checkpoint. Return the state as tensors in tuples, lists, dicts, "
             "namedtuples or dataclasses, or register the class with torch.utils._pytree.register_pytree_node "
-            "(docs/howto/stateful-models.md)."
+            "(docs/howto/stateful-models.md); check_model(model, x) then checks the rest of what TBPTT needs of it."
         )
 
 

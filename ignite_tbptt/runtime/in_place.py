@@ -48,7 +48,8 @@ class StateWrittenInPlace(RuntimeError):
             f"{self.where}. The trainer keeps that state (the retained history backpropagates through it, "
             "recomputation and checkpoints read it), so the model must return new tensors instead: write "
             "h = h * a + b rather than h.mul_(a).add_(b) or h.copy_(...), or pass a model_fn that calls the model's "
-            f"parts and returns a fresh state ({_HOWTO})."
+            f"parts and returns a fresh state ({_HOWTO}); check_model(model, x) then checks the rest of what TBPTT "
+            "needs of it."
         )
 
 
