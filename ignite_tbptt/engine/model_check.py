@@ -221,7 +221,7 @@ class _Check:
         return verdicts
 
     def carried(self) -> Verdict:
-        n, worst, refused = self.length, 0.0, []
+        n, worst, refused, where = self.length, 0.0, [], ""
         uneven = [2, 5, 3, 4] * n
         chunkings = {
             "1": [1] * n,
@@ -238,14 +238,24 @@ class _Check:
                 first = str(error).split(". ")[0]
                 refused.append(f"chunks of {name} steps refused by the model ({type(error).__name__}: {first})")
                 continue
-            worst = max(worst, _difference(self.steps_join(outputs), self.whole))
+            start = 0
+            for i, (chunk, length) in enumerate(zip(outputs, lengths)):
+                moved = _difference(chunk, self.steps(self.whole, start, start + length))
+                if moved > worst:
+                    worst = moved
+                    if moved > self.tolerance and not where:
+                        where = f" (first in chunk {i}, steps [{start}, {start + length}), of the chunks of {name})"
+                start += length
         measured = len(chunkings) - len(refused)
         detail = f"chunks of 1, of 3, of 2, 5, 3, 4 and of {self.mid} steps against one call over {n} steps"
         if refused:
             detail += "; " + "; ".join(refused)
         passed = measured > 0 and worst <= self.tolerance
         if measured and not passed:
-            detail += ": the chunked outputs differ, so the state returned is not all the next call needs"
+            detail += (
+                f": the chunked outputs differ{where}, so the state returned is not all the next call needs: return "
+                "all of it (a model_fn), or name the attributes that keep the rest with module_state"
+            )
         return Verdict("carried", passed, worst if measured else None, self.tolerance, detail)
 
     def steps_join(self, outputs: list[Any]) -> Any:
@@ -282,25 +292,43 @@ class _Check:
         def loss(y: Any) -> torch.Tensor:
             return torch.stack([(t * w).sum() for t, w in zip(hs.flatten(y), weights)]).sum()
 
-        whole = self.steps(self.span(0, self.length, None)[0], self.mid, self.length)
-        full = torch.autograd.grad(loss(whole), params, allow_unused=True)
-        _, state = self.span(0, self.mid, None)
-        leaves = [(path, t) for path, t in _leaves(state) if t.is_floating_point()]
-        differentiable = [t for _, t in leaves if t.requires_grad]
-        second = self.span(self.mid, self.length, state)[0]
-        grads = torch.autograd.grad(loss(second), [*params, *differentiable], allow_unused=True)
+        # The earlier chunk's input too, where it is floating point (features, not token ids).
+        x, inputs = self.x, []
+        if x.is_floating_point():
+            self.x = x.detach().clone().requires_grad_()
+            inputs = [self.x]
+        try:
+            whole = self.steps(self.span(0, self.length, None)[0], self.mid, self.length)
+            full = torch.autograd.grad(loss(whole), [*params, *inputs], allow_unused=True)
+            _, state = self.span(0, self.mid, None)
+            leaves = [(path, t) for path, t in _leaves(state) if t.is_floating_point()]
+            differentiable = [t for _, t in leaves if t.requires_grad]
+            second = self.span(self.mid, self.length, state)[0]
+            wrt = [*params, *inputs, *differentiable]
+            grads = torch.autograd.grad(loss(second), wrt, allow_unused=True)
+        finally:
+            self.x = x
+        to_input = grads[len(params)] if inputs else None  # its first chunk's steps: reached through the state only
+        reached_input = not inputs or (
+            to_input is not None and bool(self.layout.steps(to_input, 0, self.mid).abs().sum())
+        )
         zero = torch.zeros(())
         pairs = [(zero if a is None else a, zero if b is None else b) for a, b in zip(grads, full)]
         scale = max([1.0, *(float(b.abs().max()) for _, b in pairs)])
         worst = max([0.0, *(float((a - b).abs().max()) for a, b in pairs)]) / scale
-        reached = {id(t): g for t, g in zip(differentiable, grads[len(params) :])}
+        reached = {id(t): g for t, g in zip(differentiable, grads[len(params) + len(inputs) :])}
         cut = [
             f"{path} {tuple(t.shape)}"
             for path, t in leaves
             if path not in self.unread and (reached.get(id(t)) is None or not bool(reached[id(t)].abs().sum()))
         ]
-        passed = worst <= self.tolerance and not cut
-        detail = "the second chunk's gradient through the carried state against backpropagation through all of it"
+        passed = worst <= self.tolerance and not cut and reached_input
+        detail = (
+            "the second chunk's gradient, to the parameters and the first chunk's input, through the carried state "
+            "against backpropagation through all of it"
+        )
+        if not reached_input:
+            detail += "; none reaches the first chunk's input"
         if cut:
             detail += f"; no gradient reaches {', '.join(cut)}: a detach in the model cuts what k2 > k1 needs"
         elif worst > self.tolerance:

@@ -58,6 +58,7 @@ def test_a_layer_that_ignores_its_carried_state_is_named():
     check = check_model(TwoLayers(ignores=True).double(), X)
     assert verdicts(check)["carried"] is False and verdicts(check)["used"] is False
     assert "state[1] (1, 3, 4)" in check["used"].detail and "state[0]" not in check["used"].detail
+    assert "first in chunk 1, steps [1, 2), of the chunks of 1" in check["carried"].detail  # where it first shows
 
 
 def test_a_detach_inside_the_model_fails_the_gradient_naming_the_leaf():
@@ -65,6 +66,17 @@ def test_a_detach_inside_the_model_fails_the_gradient_naming_the_leaf():
     assert verdicts(check)["carried"] and verdicts(check)["used"]  # the forward pass is right
     assert check["gradient"].passed is False and check["gradient"].figure > 1e-3
     assert "state[0] (1, 3, 4)" in check["gradient"].detail and "state[1]" not in check["gradient"].detail
+
+
+class DetachesAll(nn.GRU):
+    def forward(self, x, hidden=None):
+        return super().forward(x, None if hidden is None else hidden.detach())
+
+
+def test_a_state_detached_whole_cuts_the_gradient_to_the_earlier_input():
+    check = check_model(DetachesAll(3, 4).double(), X)
+    assert check["carried"].passed and check["gradient"].passed is False
+    assert "none reaches the first chunk's input" in check["gradient"].detail
 
 
 def test_a_reset_that_leaks_into_other_columns_fails():
