@@ -215,9 +215,9 @@ class _Check:
                 Verdict("clean", False, None, None, str(error)) if name == "clean" else _unmeasured(name)
                 for name in ("carried", "used", "gradient", "reset", "clean", "trains")
             ]
-        verdicts.append(self.trains(random))
+        verdicts.append(_trains(self))
         if not random and verdicts[4].passed:
-            verdicts[4] = self.draws(verdicts[4])
+            verdicts[4] = _draws(self, verdicts[4])
         return verdicts
 
     def carried(self) -> Verdict:
@@ -375,37 +375,6 @@ class _Check:
         detail = "no write into the given state, no graph in attributes, dtypes and devices stable"
         return Verdict("clean", not problems, None, None, "; ".join(problems) if problems else detail)
 
-    def draws(self, verdict: Verdict) -> Verdict:
-        self.model.train()
-        before = rng.capture(self.x.device)
-        self.span(0, self.length, None)
-        drew = not rng.same(before, rng.capture(self.x.device))
-        self.model.eval()
-        if not drew:
-            return verdict
-        detail = "the model draws random numbers in training mode (dropout): declare it with random=True"
-        return Verdict("clean", False, None, None, detail)
-
-    def trains(self, random: bool) -> Verdict:
-        k1 = max(1, self.length // 4)
-        changed = []
-        for k2 in (k1, 2 * k1):
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            before = [p.detach().clone() for p in params]
-            optimizer = torch.optim.SGD(params, lr=1e-2)
-            trainer = create_tbptt_trainer(
-                self.model, optimizer, _output_loss, k1, k2, time_dim=self.layout.time_dim, **self.options
-            )
-            try:
-                trainer.run([(self.x, self.x)], max_epochs=1)
-            except (RuntimeError, ValueError) as error:
-                return Verdict(
-                    "trains", False, None, None, f"TBPTT({k1}, {k2}) refused: {type(error).__name__}: {error}"
-                )
-            changed.append(any(not torch.equal(p, q) for p, q in zip(params, before)))
-        detail = f"TBPTT({k1}, {k1}) and TBPTT({k1}, {2 * k1}) for one batch, each changing the parameters"
-        return Verdict("trains", all(changed), None, None, detail)
-
 
 def _measured(measure: Callable[[], Verdict]) -> Verdict:
     # A call the measure needs that the model or the trainer refuses fails that property, with what it said.
@@ -436,3 +405,34 @@ def _cut(lengths: list[int], total: int) -> list[int]:
 def _output_loss(y_pred: Any, y: Any) -> torch.Tensor:
     # A loss of the outputs alone: the check trains on no targets of the user's.
     return torch.stack([t.float().square().mean() for t in hs.flatten(y_pred)]).sum()
+
+
+def _draws(check: _Check, verdict: Verdict) -> Verdict:
+    check.model.train()
+    before = rng.capture(check.x.device)
+    check.span(0, check.length, None)
+    drew = not rng.same(before, rng.capture(check.x.device))
+    check.model.eval()
+    if not drew:
+        return verdict
+    detail = "the model draws random numbers in training mode (dropout): declare it with random=True"
+    return Verdict("clean", False, None, None, detail)
+
+
+def _trains(check: _Check) -> Verdict:
+    k1 = max(1, check.length // 4)
+    changed = []
+    for k2 in (k1, 2 * k1):
+        params = [p for p in check.model.parameters() if p.requires_grad]
+        before = [p.detach().clone() for p in params]
+        optimizer = torch.optim.SGD(params, lr=1e-2)
+        trainer = create_tbptt_trainer(
+            check.model, optimizer, _output_loss, k1, k2, time_dim=check.layout.time_dim, **check.options
+        )
+        try:
+            trainer.run([(check.x, check.x)], max_epochs=1)
+        except (RuntimeError, ValueError) as error:
+            return Verdict("trains", False, None, None, f"TBPTT({k1}, {k2}) refused: {type(error).__name__}: {error}")
+        changed.append(any(not torch.equal(p, q) for p, q in zip(params, before)))
+    detail = f"TBPTT({k1}, {k1}) and TBPTT({k1}, {2 * k1}) for one batch, each changing the parameters"
+    return Verdict("trains", all(changed), None, None, detail)
