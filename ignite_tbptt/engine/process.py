@@ -32,10 +32,9 @@ from ..runtime import (
 from . import distributed
 from .checkpoint import check_resume, configuration, source_type
 from .events import COUNTERS, EventFiring, TBPTTEvents, register_tbptt_events
-from .loop_protocols import CompletedWindow
 from .optimizer_step import OptimizerStep, RunPosition
 from .state import tbptt_state
-from .stream_loop import StreamLoop
+from .stream_loop import CompletedWindow, StreamLoop
 
 __all__ = ["TBPTTProcessFunction"]
 
