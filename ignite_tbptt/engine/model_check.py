@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils import _pytree as pytree
 
 from ..layout import Layout
 from ..runtime import (
@@ -41,6 +40,7 @@ from ..runtime import (
     default_model_fn,
     default_reset_hidden,
     rng,
+    tensors_with_paths,
 )
 from ..runtime import hidden as hs
 from .trainer import create_tbptt_trainer
@@ -147,11 +147,6 @@ def check_model(
         model.load_state_dict(kept)
         model.train(training)
     return ModelCheck(verdicts)
-
-
-def _leaves(state: Any) -> list[tuple[str, torch.Tensor]]:
-    flat, _ = pytree.tree_flatten_with_path(state)
-    return [(f"state{pytree.keystr(path)}", t) for path, t in flat if isinstance(t, torch.Tensor)]
 
 
 def _difference(a: Any, b: Any) -> float:
@@ -267,7 +262,7 @@ class _Check:
         second, fresh = self.span(mid, n, state)[0], self.span(mid, n, None)[0]
         moved = _difference(second, fresh)
         ignored = []
-        for path, leaf in _leaves(state):
+        for path, leaf in tensors_with_paths(state):
             if not leaf.is_floating_point():
                 continue
             # Each leaf moved alone: one the model does not read moves nothing.
@@ -301,7 +296,7 @@ class _Check:
             whole = self.steps(self.span(0, self.length, None)[0], self.mid, self.length)
             full = torch.autograd.grad(loss(whole), [*params, *inputs], allow_unused=True)
             _, state = self.span(0, self.mid, None)
-            leaves = [(path, t) for path, t in _leaves(state) if t.is_floating_point()]
+            leaves = [(path, t) for path, t in tensors_with_paths(state) if t.is_floating_point()]
             differentiable = [t for _, t in leaves if t.requires_grad]
             second = self.span(self.mid, self.length, state)[0]
             wrt = [*params, *inputs, *differentiable]

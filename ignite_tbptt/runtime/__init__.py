@@ -24,7 +24,7 @@ from .compiled import retainable
 from .executor import SegmentExecutor, SegmentResult
 from .gradients import divide_and_check, skips_on_device
 from .hidden import cat as join_along
-from .in_place import StateWrittenInPlace
+from .in_place import StateWrittenInPlace, tensors_with_paths
 from .loss_rule import LossRule
 from .loss_sum import LossSum
 from .model_call import ModelCall, autocast_for, build_model_call, default_model_fn, device_type_of
@@ -79,6 +79,7 @@ __all__ = [
     "attributes_with_graph",
     "check_attributes",
     "StateWrittenInPlace",
+    "tensors_with_paths",
     "LossSum",
     "divide_and_check",
     "skips_on_device",
