@@ -16,7 +16,8 @@
 #   2. the benchmark table at the sizes people train (LSTM 1024 x 2 layers, vocabulary 10,000, batch 64), float32
 #      and bfloat16 autocast;
 #   3. the launch-bound table (benchmarks.graphs): a GRU of 8 units, eager loops against CUDA graphs, k1 = k2 and
-#      k2 > k1; the prequential study's per-token TBPTT(1, 25) against TBPTT(25, 25), eager and with graphs
+#      k2 > k1 (eager windows and step programs against the exact hand loop captured whole: the evidence that would
+#      bring window programs of k2 > k1 back); the prequential study's per-token TBPTT(1, 25) against TBPTT(25, 25), eager and with graphs
 #      (benchmarks.tradeoff.online_device, its quick stream: 30,000 characters);
 #   4. the profile of one configuration (benchmarks.profile), the trainer's ranges first;
 #   5. the main job on the device for one epoch, its bits per character and time, eager and with --cuda-graphs

@@ -20,7 +20,9 @@ A second table times windows that reach back, TBPTT(5, 10) and per-token TBPTT(1
 - ``hand, exact, captured``: each window captured in one graph, the retained steps run again from the state at the
   cut with the weights they ran with (a ring of inputs and weights shifted inside the graph), the SGD step included:
   the floor for k2 > k1, nothing checked (CUDA only);
-- ``ours`` and ``ours, cuda_graphs`` (window programs, :mod:`ignite_tbptt.runtime.programs.window`).
+- ``ours`` and ``ours, cuda_graphs``, whose windows run eagerly and steps as step programs
+  (:mod:`ignite_tbptt.runtime.programs.step`): what ``hand, exact, captured`` would have to beat by more than 1.2x
+  to bring window programs of k2 > k1 back (the CUDA-graphs how-to).
 
 A third table gives the programs each ``cuda_graphs`` row kept (window and step programs: one graph each
 when captured) and, on CUDA, the memory they hold while the trainer lives (their graphs' pool, static buffers and
@@ -33,6 +35,8 @@ import argparse
 import platform
 import sys
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -42,11 +46,32 @@ from benchmarks import methods
 from benchmarks.overhead import make_batches
 from benchmarks.report import markdown_table, rotated, write_page
 from ignite_tbptt import create_tbptt_trainer
-from ignite_tbptt.runtime.programs.reach import rnn_weights_kept
 
 K = 5
 #: The schedules of windows that reach back.
 REACHING = ((5, 10), (1, 8))
+
+
+@contextmanager
+def rnn_weights_kept(rnns: Sequence[torch.nn.RNNBase]) -> Iterator[None]:
+    """A block that swaps the weights of torch's RNN modules (``functional_call``) without moving their own.
+
+    Given other weights, an ``nn.RNN``, ``nn.GRU`` or ``nn.LSTM`` flattens them on CUDA into one new buffer
+    (``flatten_parameters``), and its own again at its next call: the parameters' storage would move every window,
+    which the weight versions, the programs' buffers and a graph's recorded addresses all rely on. Inside the block it
+    runs on the weights as given (cuDNN copies them per call); after it, it holds its own, as flattened before.
+    """
+    # Copies: setting a weight writes into the module's list in place.
+    kept = [(list(m._flat_weights), list(m._flat_weight_refs)) for m in rnns]
+    for m in rnns:
+        # An instance attribute, on purpose: the class's method is untouched.
+        m.flatten_parameters = lambda: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for m, (weights, refs) in zip(rnns, kept):
+            del m.flatten_parameters
+            m._flat_weights, m._flat_weight_refs = weights, refs
 
 
 def hand_captured(model, optimizer, batches, k1, k2, device):

@@ -226,7 +226,7 @@ def _programs_run(refused=None, profiled=False, cuda_graphs="recorded"):
     model = torch.nn.GRU(3, 3).double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, fused=True)
     trainer = create_tbptt_trainer(
-        model, optimizer, torch.nn.functional.mse_loss, k1=4, k2=6, carry_hidden=True, cuda_graphs=cuda_graphs
+        model, optimizer, torch.nn.functional.mse_loss, k1=4, k2=4, carry_hidden=True, cuda_graphs=cuda_graphs
     )
     stream = torch.randn(97, 2, 3, dtype=torch.float64)
     batches = [(stream[t : t + 16], stream[t + 1 : t + 17]) for t in range(0, 96, 16)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 from ignite.contrib.engines.tbptt import Tbptt_Events
@@ -113,19 +112,3 @@ class EventFiring:
         in ``last_event_name`` could be read by nothing before ignite's next event replaces it.
         """
         self.engine._fire_event(self.events[index])
-
-    def fire_first(self, index: int, count: int) -> None:
-        """Fire ``events[index]`` to its first ``count`` handlers only, as ``Engine._fire_event`` fires to all.
-
-        The others run elsewhere (inside a step program: :mod:`ignite_tbptt.runtime.programs.step`).
-        """
-        engine = self.engine
-        engine.last_event_name = self.events[index]
-        for func, args, kwargs in self.handlers[index][:count]:
-            if args and isinstance(args[0], weakref.ref):
-                resolved = args[0]()
-                if resolved is None:
-                    raise RuntimeError("Engine reference not resolved. Cannot execute event handler.")
-                func(resolved, *args[1:], **kwargs)
-            else:
-                func(*args, **kwargs)

@@ -25,13 +25,14 @@ kept on the device on the CPU too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
 from ..planning import RuntimeFacts
 from ..runtime import (
-    StepHandlers,
+    StepHandler,
     StepProgram,
     StepPrograms,
     divide_and_check,
@@ -146,16 +147,16 @@ class OptimizerStep:
         device = params[0].device if params else torch.device("cpu")
         return distributed.synchronise(position, targets, device)
 
-    def prepare(self, position: RunPosition, handlers: StepHandlers | None = None) -> int:
+    def prepare(self, position: RunPosition, handlers: Sequence[StepHandler] | None = None) -> int:
         """Make the accumulated gradients final: summed over processes, unscaled, divided and checked.
 
         Args:
             position: where the run is, with the step about to be taken: named by the error for a refused step,
                 and shared by every process of a distributed run (:func:`~ignite_tbptt.engine.distributed.synchronise`).
-            handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, where the step runs as a step program (as
-                :func:`~ignite_tbptt.planning.plan_step` says); ``None`` for an eager step. :attr:`in_program` says
-                whether it does (a step without any gradient does not): then the handlers ``on_device`` run inside
-                :meth:`apply`, and the others must run before it.
+            handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, all of which run inside the step program, where the
+                step runs as one (as :func:`~ignite_tbptt.planning.plan_step` says); ``None`` for an eager step.
+                :attr:`in_program` says whether it does (a step without any gradient does not): then the handlers
+                run inside :meth:`apply`.
 
         Returns:
             The step's target count over all processes; 0 if it has none (only padding), and then the step must
@@ -198,12 +199,17 @@ class OptimizerStep:
                     raise _non_finite(_where(position))
         return targets
 
-    def facts(self) -> RuntimeFacts:
-        """What planning weighs before a step (:func:`~ignite_tbptt.planning.plan_step`)."""
-        supported = self.step_programs is not None and self.step_programs.supported
-        return RuntimeFacts(profiling(), optimizer_skips=supported, distributed=self.distributed)
+    def facts(self, host_handlers: bool) -> RuntimeFacts:
+        """What planning weighs before a step (:func:`~ignite_tbptt.planning.plan_step`).
 
-    def _in_program(self, divisor: int, handlers: StepHandlers, position: RunPosition) -> bool:
+        ``host_handlers``: a handler of ``OPTIMIZER_STEP_STARTED`` runs on the host.
+        """
+        supported = self.step_programs is not None and self.step_programs.supported
+        return RuntimeFacts(
+            profiling(), optimizer_skips=supported, distributed=self.distributed, host_handlers=host_handlers
+        )
+
+    def _in_program(self, divisor: int, handlers: Sequence[StepHandler], position: RunPosition) -> bool:
         # The step program planning chose, unless the step has no gradient at all (nothing to capture).
         assert self.step_programs is not None, "handlers are given only where steps may run as programs"
         program = self.step_programs.program(divisor, handlers)
@@ -211,7 +217,6 @@ class OptimizerStep:
             return False
         self.carry_decision()
         self._program = program, position
-        program.divide()
         return True
 
     def carry_decision(self) -> None:

@@ -401,16 +401,12 @@ class _EngineListener:
             self._step_handlers = (list(entries), _step_handlers(self.engine, entries))
         return self._step_handlers[1]
 
-    def step_started(self, targets: int, in_program: int = 0) -> None:
+    def step_started(self, targets: int, in_program: bool = False) -> None:
         state = tbptt_state(self.engine)
         state.step_targets = targets
         state.optimizer_step += 1
-        handlers = self.events.handlers[_STEP_STARTED]
-        if len(handlers) > in_program:
-            if in_program:
-                self.events.fire_first(_STEP_STARTED, len(handlers) - in_program)
-            else:
-                self.events.fire(_STEP_STARTED)
+        if self.events.handlers[_STEP_STARTED] and not in_program:
+            self.events.fire(_STEP_STARTED)
 
     def step_completed(self) -> None:
         if self.events.handlers[_STEP_COMPLETED]:
@@ -439,7 +435,7 @@ class _EngineListener:
 def _step_handlers(engine: Engine, entries: list) -> StepHandlers:
     # The last handlers of OPTIMIZER_STEP_STARTED that have a device part and a host part, attached without a filter
     # or arguments of their own (ignite keeps such a handler as itself, given the engine): they may run inside a step
-    # program, in their order, after the others.
+    # program, in their order, where no other handler comes before them.
     inside: list[StepHandler] = []
     for func, args, kwargs in reversed(entries):
         if kwargs or len(args) != 1 or not isinstance(args[0], weakref.ref) or not _in_step(func):

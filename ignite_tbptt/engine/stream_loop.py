@@ -39,7 +39,6 @@ from ..runtime import (
     SegmentResult,
     StepHandlers,
     StreamState,
-    SwappedWeights,
     build_executor,
     check_resettable,
     profiled,
@@ -81,12 +80,12 @@ class LoopListener(Protocol):
         """Where the run is, with the optimizer step about to be taken."""
 
     def step_handlers(self) -> StepHandlers:
-        """The handlers of the step's start, as a step program sees them: the last ones may run inside it."""
+        """The handlers of the step's start, as a step program sees them: those that may run inside it."""
 
-    def step_started(self, targets: int, in_program: int = 0) -> None:
+    def step_started(self, targets: int, in_program: bool = False) -> None:
         """The gradients of an optimizer step over ``targets`` targets are final; the step comes next.
 
-        The last ``in_program`` handlers of the step's start run inside the step program, not here.
+        ``in_program``: the step runs as a step program, and every handler of the step's start inside it, not here.
         """
 
     def step_completed(self) -> None:
@@ -103,13 +102,6 @@ class BatchResult(NamedTuple):
     loss: LossSum
     #: Their detached predictions, in order, if asked for.
     predictions: list[Any]
-
-
-def _check_swappable(source: WindowSource, call: ModelCall, parameters: list[torch.Tensor]) -> None:
-    # Windows that reach back run retained segments again inside a program, with the weights they ran with swapped
-    # into the model and the initial state.
-    if source.spans_windows:
-        SwappedWeights.check(call.model, call.initial_state, [p for p in parameters if p.requires_grad])
 
 
 class StreamLoop:
@@ -200,12 +192,9 @@ class StreamLoop:
         Raises:
             ValueError: if windows run as window programs (``cuda_graphs``) and ``source``'s windows are not
                 :attr:`~ignite_tbptt.planning.WindowSource.allows_programs` (k2 < k1, windows of varying length with
-                k2 != k1, ARTBP), or reach back while the optimizer trains parameters that are neither the model's
-                nor ``initial_state``'s (:class:`~ignite_tbptt.runtime.SwappedWeights`).
+                k2 != k1, ARTBP).
         """
         check_source(source, self.window_programs is not None, self.sharded)
-        if self.window_programs is not None:
-            _check_swappable(source, self.executor.model_call, self.optimizer_step.parameters())
         if source.spans_windows:  # only windows reaching into earlier ones keep graphs across an optimizer step
             self.history.keep_weight_versions()
         self.planner.source = source
@@ -396,19 +385,18 @@ class StreamLoop:
     def _step(self) -> None:
         step, listener = self.optimizer_step, self.listener
         # Retained segments need nothing of the step: their weights were copied before it (take_step). Where steps
-        # may run as programs, planning says whether this one does; it runs with the handlers it is prepared with.
+        # may run as programs, planning says whether this one does; its handlers then all run inside it.
         handlers = None
         if step.step_programs is not None:
-            refused = plan_step(step.facts())
-            if refused is None:
-                handlers = listener.step_handlers()
-            else:
+            handlers = listener.step_handlers()
+            refused = plan_step(step.facts(handlers.host_first))
+            if refused is not None:
                 step.step_programs.counts.ran_eagerly(refused, "step")
-        targets = step.prepare(listener.position(), handlers)
+                handlers = None
+        targets = step.prepare(listener.position(), None if handlers is None else handlers.on_device)
         if not targets:
             return
-        # A step runs in a program only with the handlers it was prepared with.
-        listener.step_started(targets, len(handlers.on_device) if handlers is not None and step.in_program else 0)
+        listener.step_started(targets, step.in_program)
         if step.apply():  # the scaler skipped it: cut the history there
             self.stream.recover()
         listener.step_completed()

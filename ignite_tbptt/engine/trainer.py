@@ -341,8 +341,10 @@ def create_tbptt_trainer(
             ``["lif1.mem"]``; the model is then called as ``model(x)`` (docs/howto/stateful-models.md). Default: None.
         initial_state (Callable, optional): ``initial_state(batch_size) -> hidden``, the state at every start,
             learned if it has parameters (docs/howto/stateful-models.md). Default: None.
-        cuda_graphs (bool or str): True captures windows in CUDA graphs (model on CUDA, k2 >= k1); ``"uncaptured"``
-            and ``"recorded"`` run the same programs on any device (docs/howto/cuda-graphs.md). Default: False.
+        cuda_graphs (bool or str): True captures windows of k2 = k1 and optimizer steps in CUDA graphs (model on
+            CUDA, k2 >= k1; windows of k2 > k1 or ``recompute`` run eagerly, counted in ``state.programs.eager``);
+            ``"uncaptured"`` and ``"recorded"`` run the same programs on any device (docs/howto/cuda-graphs.md).
+            Default: False.
 
     Returns:
         A :class:`~ignite_tbptt.TBPTTEngine` (:class:`~ignite_tbptt.DeterministicTBPTTEngine` if ``deterministic``);

@@ -2,13 +2,15 @@
 
 Where the trainer runs windows as programs, the stream loop asks :func:`plan_window` at every window boundary and
 :func:`plan_step` before every optimizer step; both take what the runtime knows as data (:class:`RuntimeFacts`: the
-profiler, the model call's first checks, which retained segments recompute whole, the optimizer, a distributed run)
-and give their answer through one function, :func:`program_refused`, so that a rule changed there changes every
-path. A window runs whole as one program (its model calls and the retained segments it reaches) where its whole course
-is planned before it runs: the batch holds all of it, every step gets the gradient of the whole window, its gradient
-reach is not recorded, and the retained segments from its cut recompute whole. Otherwise it runs segment by segment,
-eagerly, and :class:`EagerReason` says why. One window per replay: no program runs several windows (SPEC.md, "One window
-per replay"). The window sources a program cannot run are refused here too, as a source is installed
+profiler, the model call's first checks, the optimizer, a distributed run, the step's handlers) and give their answer
+through one function, :func:`program_refused`, so that a rule changed there changes every path. A window runs whole as
+one program (its model calls and one backward pass to its start) where its whole course is planned before it runs and
+stays inside it: the batch holds all of it, every step gets the gradient of the whole window, its gradient reach is not
+recorded, it reaches back into no earlier window and no later one reaches into it (k2 = k1), and its calls keep their
+activations (no ``recompute``). Otherwise it runs segment by segment, eagerly, and :class:`EagerReason` says why. An
+optimizer step runs as a program where its optimizer skips itself on the device, in one process, with no handler of
+``OPTIMIZER_STEP_STARTED`` that runs on the host. One window per replay: no program runs several windows (SPEC.md, "One
+window per replay"). The window sources a program cannot run are refused here too, as a source is installed
 (:func:`check_source`).
 """
 
@@ -52,14 +54,19 @@ class EagerReason(enum.Enum):
     BATCH_ENDS_INSIDE = "batch_ends_inside"
     #: Some steps of the window get their own loss only (a k2 < k1 cut).
     OWN_LOSS_ONLY = "own_loss_only"
-    #: The retained segments the window reaches are not all kept as what recomputes them (after a resumed run, or
-    #: a step the scaler skipped, cut the history).
-    REACH_NOT_RETAINED = "reach_not_retained"
+    #: The window reaches back into earlier windows, or a later window reaches into it (k2 > k1): their segments keep
+    #: their graphs across windows, which a program does not.
+    REACHES_BACK = "reaches_back"
+    #: Recomputation mode (``recompute``): the sweep rebuilds each segment's graph as it reaches it.
+    RECOMPUTE = "recompute"
     #: An optimizer step whose optimizer cannot skip itself on the device (``_step_supports_amp_scaling``: torch's
     #: fused ``SGD``, ``Adam``, ``AdamW`` can).
     OPTIMIZER = "optimizer"
     #: An optimizer step of a distributed run: the gradients are summed over processes first, on the host's count.
     DISTRIBUTED = "distributed"
+    #: An optimizer step with a handler of ``TBPTTEvents.OPTIMIZER_STEP_STARTED`` that runs on the host (one without
+    #: a ``device_part``, or attached with a filter or arguments) after the division and before the step.
+    HOST_HANDLERS = "host_handlers"
 
 
 class RuntimeFacts(NamedTuple):
@@ -69,14 +76,12 @@ class RuntimeFacts(NamedTuple):
     profiling: bool = False
     #: The model call's checks that need an eager call are not done, or the stream has no hidden state yet.
     checks_pending: bool = False
-    #: The steps from which the retained segments, up to the stream's position, are kept whole as what recomputes
-    #: them, the first with a state to start from; the position itself always (a window that reaches nothing).
-    #: ``None``: not weighed.
-    recomputable_from: frozenset[int] | None = None
     #: The optimizer skips its own step on the device, given the inf/NaN decision.
     optimizer_skips: bool = True
     #: Gradients are summed over processes before each step.
     distributed: bool = False
+    #: A handler of ``OPTIMIZER_STEP_STARTED`` runs on the host, between the gradients' division and the step.
+    host_handlers: bool = False
 
 
 class WindowExecution(NamedTuple):
@@ -99,7 +104,9 @@ def program_refused(facts: RuntimeFacts, step: bool) -> EagerReason | None:
         return EagerReason.CHECKS if facts.checks_pending else None
     if not facts.optimizer_skips:
         return EagerReason.OPTIMIZER
-    return EagerReason.DISTRIBUTED if facts.distributed else None
+    if facts.distributed:
+        return EagerReason.DISTRIBUTED
+    return EagerReason.HOST_HANDLERS if facts.host_handlers else None
 
 
 def plan_step(facts: RuntimeFacts) -> EagerReason | None:
@@ -118,18 +125,17 @@ def plan_window(
         position: the stream's step, the window's first.
         one_window_per_step: as :func:`~ignite_tbptt.planning.plan_segment` takes it.
         facts: what the runtime knows now; an :class:`EagerReason` reason or ``None`` (``blocked``, before 0.5) is
-            deprecated (the retained reach is then not weighed).
+            deprecated.
 
     Examples:
         >>> from ignite_tbptt.planning import RuntimeFacts, Schedule, StreamPlanner, plan_batch
-        >>> planner = StreamPlanner(Schedule(k1=4, k2=6))
-        >>> batch = plan_batch(0, 10, True, {})
+        >>> planner = StreamPlanner(Schedule(k1=4, k2=4))
+        >>> batch = plan_batch(0, 10, True, [6])
         >>> _ = planner.open_window(4, 2)
-        >>> facts = RuntimeFacts(recomputable_from=frozenset({2, 4}))
-        >>> [(s.start, s.end) for s in plan_window(planner, batch, 4, False, facts).segments]
+        >>> [(s.start, s.end) for s in plan_window(planner, batch, 4, False, RuntimeFacts()).segments]
         [(4, 6), (6, 8)]
         >>> _ = planner.open_window(8, 3)
-        >>> plan_window(planner, plan_batch(8, 1, False, {}), 8, False, facts).eager
+        >>> plan_window(planner, plan_batch(8, 1, False, {}), 8, False, RuntimeFacts()).eager
         <EagerReason.BATCH_ENDS_INSIDE: 'batch_ends_inside'>
     """
     if not isinstance(facts, RuntimeFacts):  # the runtime's reason, as planning took it before 0.5 (``blocked``)
@@ -149,9 +155,10 @@ def plan_window(
     segments = _window_segments(planner, batch, position, one_window_per_step)
     if isinstance(segments, EagerReason):
         return WindowExecution((), segments)
-    recomputable = facts.recomputable_from
-    if recomputable is not None and segments[0].window.cut not in recomputable:
-        return WindowExecution((), EagerReason.REACH_NOT_RETAINED)
+    if segments[0].window.cut != position or any(s.reached_later for s in segments):
+        return WindowExecution((), EagerReason.REACHES_BACK)
+    if segments[0].rebuilt:
+        return WindowExecution((), EagerReason.RECOMPUTE)
     return WindowExecution(segments, None)
 
 

@@ -43,7 +43,6 @@ from .programs import (
     StepHandlers,
     StepProgram,
     StepPrograms,
-    SwappedWeights,
     WindowProgram,
     build_executor,
 )
@@ -91,7 +90,6 @@ __all__ = [
     "build_executor",
     "ProgramExecutor",
     "WindowProgram",
-    "SwappedWeights",
     "GraphCaptureError",
     "GraphCapture",
     "Program",

@@ -203,17 +203,6 @@ class RetainedHistory:
         """Drop every retained graph (at the end of a stream, or after a skipped optimizer step)."""
         self.segments.clear()
 
-    def keep_only_recomputations(self, count: int) -> None:
-        """The newest ``count`` segments keep what recomputes them and drop their graphs.
-
-        A program that runs them again (a window program's reach) must not run while their eager graphs live: those
-        keep the parameters' AccumulateGrad nodes of the stream they ran on, which a capture cannot depend on. A
-        later eager sweep rebuilds them, as recomputation does.
-        """
-        for segment in self.segments[len(self.segments) - count :] if count else ():
-            if segment.recomputation is not None:
-                segment.inputs, segment.outputs, segment.y_pred = [], None, None
-
     def starts(self) -> list[int]:
         """The first step of each retained segment, oldest first, as :func:`~ignite_tbptt.planning.plan_close` takes."""
         segments = self.segments

@@ -6,8 +6,7 @@ from hypothesis import strategies as st
 from ignite_tbptt import Schedule
 from ignite_tbptt.planning import EagerReason, RuntimeFacts, StreamPlanner, plan_batch, plan_step, plan_window
 
-#: A window that reaches nothing is always recomputable from its start; these reach back 0..12 steps.
-ALL = RuntimeFacts(recomputable_from=frozenset(range(-20, 40)))
+NONE = RuntimeFacts()  # nothing the runtime knows refuses a program
 
 
 @settings(max_examples=200, deadline=None)
@@ -18,22 +17,24 @@ ALL = RuntimeFacts(recomputable_from=frozenset(range(-20, 40)))
     batch_length=st.integers(1, 20),
     starts=st.sets(st.integers(1, 19), max_size=4),
 )
-def test_a_window_runs_whole_where_the_batch_holds_it_with_the_segments_the_walk_plans(
-    k1, extra, window, batch_length, starts
-):
+def test_a_window_runs_whole_where_the_batch_holds_it_and_it_reaches_no_other(k1, extra, window, batch_length, starts):
     k2 = k1 + extra
     planner = StreamPlanner(Schedule(k1, k2))
     position = (window - 1) * k1
     batch = plan_batch(position, batch_length, False, {s: None for s in starts if s < batch_length})
     planner.open_window(position, window)
-    plans, eager = plan_window(planner, batch, position, False, ALL)
+    plans, eager = plan_window(planner, batch, position, False, NONE)
     if position + k1 > batch.end:
         assert (plans, eager) == ((), EagerReason.BATCH_ENDS_INSIDE)
         return
+    if k2 > k1:  # it reaches back into earlier windows, or (the stream's first) the next reaches into it
+        assert (plans, eager) == ((), EagerReason.REACHES_BACK)
+        return
     assert eager is None
-    # The segments tile the window, each as the walk plans it: split at each sequence start and retained cut.
+    # The segments tile the window, each as the walk plans it: split at each sequence start.
     assert plans[0].start == position and plans[-1].end == position + k1 and plans[-1].closes_window
     assert all(a.end == b.start for a, b in zip(plans, plans[1:]))
+    assert [p.start for p in plans[1:]] == sorted(position + s for s in starts if 0 < s < min(k1, batch_length))
     for plan in plans:
         assert plan == planner.segment(plan.start, batch)
     assert planner.window is not None and planner.window.start == position  # planning changed nothing
@@ -44,20 +45,31 @@ def test_why_a_window_runs_eagerly():
     planner = StreamPlanner(Schedule(4, 4))
     planner.open_window(0, 1)
     # What the runtime says first: the first checks, the profiler.
-    assert plan_window(planner, batch, 0, False, ALL._replace(checks_pending=True)) == ((), EagerReason.CHECKS)
-    assert plan_window(planner, batch, 0, False, ALL._replace(profiling=True)) == ((), EagerReason.PROFILER)
+    assert plan_window(planner, batch, 0, False, NONE._replace(checks_pending=True)) == ((), EagerReason.CHECKS)
+    assert plan_window(planner, batch, 0, False, NONE._replace(profiling=True)) == ((), EagerReason.PROFILER)
     # A window whose gradient reach is recorded.
     planner.reach.ask(every=2)
     planner.open_window(4, 2)
-    assert plan_window(planner, batch, 4, False, ALL) == ((), EagerReason.RECORDED)
+    assert plan_window(planner, batch, 4, False, NONE) == ((), EagerReason.RECORDED)
     # k2 < k1: the steps before the cut get their own loss only.
     planner = StreamPlanner(Schedule(5, 2))
     planner.open_window(0, 1)
-    assert plan_window(planner, batch, 0, False, ALL) == ((), EagerReason.OWN_LOSS_ONLY)
+    assert plan_window(planner, batch, 0, False, NONE) == ((), EagerReason.OWN_LOSS_ONLY)
     # The batch ends inside the window.
     planner = StreamPlanner(Schedule(4, 6))
     planner.open_window(16, 5)
-    assert plan_window(planner, plan_batch(16, 3, False, {}), 16, False, ALL) == ((), EagerReason.BATCH_ENDS_INSIDE)
+    assert plan_window(planner, plan_batch(16, 3, False, {}), 16, False, NONE) == ((), EagerReason.BATCH_ENDS_INSIDE)
+    # k2 > k1: the window at 8 reaches back to 6; the stream's first, at 0, reaches nothing but the next reaches it.
+    for start in (8, 0):
+        planner.open_window(start, 1 + start // 4)
+        assert plan_window(planner, batch, start, False, NONE) == ((), EagerReason.REACHES_BACK)
+    # Its last window, which nothing reaches, reaches back all the same.
+    planner.open_window(16, 5)
+    assert plan_window(planner, plan_batch(16, 4, True, {}), 16, False, NONE) == ((), EagerReason.REACHES_BACK)
+    # Recomputation mode, at k1 = k2.
+    planner = StreamPlanner(Schedule(4, 4), recompute=2)
+    planner.open_window(0, 1)
+    assert plan_window(planner, batch, 0, False, NONE) == ((), EagerReason.RECOMPUTE)
 
 
 def test_which_sources_allow_programs_follows_from_what_they_state():
@@ -71,24 +83,12 @@ def test_which_sources_allow_programs_follows_from_what_they_state():
     assert not AdaptiveTruncation(0.1, 4, 16).allows_programs  # windows reach back, and its k2 moves
 
 
-def test_a_window_whose_reach_does_not_recompute_whole_runs_eagerly():
-    # TBPTT(4, 6): the window at 8 cuts at 6, inside the retained segment [4, 8) kept as [4, 6) and [6, 8).
-    planner = StreamPlanner(Schedule(4, 6))
-    batch = plan_batch(8, 8, False, {})
-    planner.open_window(8, 3)
-    plans, eager = plan_window(planner, batch, 8, False, RuntimeFacts(recomputable_from=frozenset({6, 8})))
-    assert eager is None and plans[0].window.cut == 6
-    assert plan_window(planner, batch, 8, False, RuntimeFacts(recomputable_from=frozenset({8}))) == (
-        (),
-        EagerReason.REACH_NOT_RETAINED,
-    )
-
-
 def test_why_an_optimizer_step_runs_eagerly():
     assert plan_step(RuntimeFacts()) is None
     assert plan_step(RuntimeFacts(profiling=True)) is EagerReason.PROFILER
     assert plan_step(RuntimeFacts(optimizer_skips=False)) is EagerReason.OPTIMIZER
     assert plan_step(RuntimeFacts(distributed=True)) is EagerReason.DISTRIBUTED
+    assert plan_step(RuntimeFacts(host_handlers=True)) is EagerReason.HOST_HANDLERS
     # The model call's first checks concern windows only.
     assert plan_step(RuntimeFacts(checks_pending=True)) is None
 
@@ -102,4 +102,4 @@ def test_the_reason_plan_window_took_before_facts_still_answers_with_a_warning()
     with pytest.warns(DeprecationWarning, match="RuntimeFacts"):
         assert plan_window(planner, batch, 0, False, EagerReason.CHECKS) == ((), EagerReason.CHECKS)
     with pytest.warns(DeprecationWarning, match="RuntimeFacts"):
-        assert plan_window(planner, batch, 0, False, None) == plan_window(planner, batch, 0, False, ALL)
+        assert plan_window(planner, batch, 0, False, None) == plan_window(planner, batch, 0, False, NONE)

@@ -306,11 +306,6 @@ class ProgramCache:
         program = self._programs[key] = make()
         return program
 
-    def drop(self, program: Any) -> None:
-        """Forget ``program`` (what it was captured for changed)."""
-        for key in [k for k, p in self._programs.items() if p is program]:
-            del self._programs[key]
-
     def clear(self) -> None:
         """Forget every program."""
         self._programs.clear()

@@ -11,8 +11,9 @@ trainer reads its output anyway (:meth:`~ignite_tbptt.engine.optimizer_step.Opti
 What a step program needs, and what runs eagerly otherwise (planning decides, :func:`~ignite_tbptt.planning.plan_step`):
 an optimizer that skips its own step on the device given ``found_inf`` (``_step_supports_amp_scaling``: torch's
 ``SGD``, ``Adam`` and ``AdamW`` with ``fused=True``, the optimizers ``GradScaler`` steps without a host read); one
-process (a distributed step sums over processes first); no profiler running. Retained segments (k2 > k1) need nothing
-of it: their weights were copied before the step.
+process (a distributed step sums over processes first); no profiler running; no handler of
+``TBPTTEvents.OPTIMIZER_STEP_STARTED`` that runs on the host. Retained segments (k2 > k1) need nothing of it: their
+weights were copied before the step.
 
 Values that change from step to step reach it through buffers written before each run: the target count, and each
 parameter group's learning rate, which ignite's schedulers set as a float (``LRScheduler``, ``ParamScheduler``,
@@ -24,11 +25,8 @@ first window of a step copies its gradients in where an eager backward pass woul
 
 A handler of ``OPTIMIZER_STEP_STARTED`` runs inside the program if it has ``device_part(engine, shared)``, which
 makes only device operations and returns tensors (``shared``: one dict per step for all such handlers), and
-``host_part(engine, outputs)``, run on the host after each step with those outputs; and if no handler that runs on
-the host follows it (handlers keep their order). Where a host handler is attached to ``OPTIMIZER_STEP_STARTED``,
-the step runs as two programs, one before it (division and check) and one after (the device handlers, the step, the
-scale's update); the learning rates such a handler sets reach the second. With a ``GradScaler``, whether it skipped
-the step is read after each, as eagerly, to restart a hidden state that overflowed.
+``host_part(engine, outputs)``, run on the host after each step with those outputs. With a ``GradScaler``, whether it
+skipped the step is read after each, as eagerly, to restart a hidden state that overflowed.
 
 Values a captured step took from Python at capture stay as they were: ``GradientClipping``'s limit, and the
 optimizer's step hooks, which run at warm-up and capture only. ``capturable`` is set on Adam's and AdamW's groups
@@ -46,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from torch.amp.grad_scaler import OptState, _refresh_per_optimizer_state
+from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from ..gradients import divide_and_check, skips_on_device
 from ..step_body import gradients_of, parameters_of, step_optimizer, unscale_and_divide
@@ -73,7 +71,8 @@ class StepHandlers(NamedTuple):
 
     #: The last handlers, each with a device part and a host part: they may run inside the program.
     on_device: tuple[StepHandler, ...]
-    #: Whether handlers that run on the host come before them (the step is then two programs, around them).
+    #: Whether handlers that run on the host come before them (the step then runs eagerly:
+    #: :attr:`~ignite_tbptt.planning.EagerReason.HOST_HANDLERS`).
     host_first: bool
 
 
@@ -157,30 +156,28 @@ class StepPrograms:
         self.device: torch.device | None = None
         self.divisor: torch.Tensor | None = None  # float64, the step's target count (or 1)
         self.found: torch.Tensor | None = None  # float32 inf/NaN decision, carried from step to step until read
-        self._found_by_device: dict[Any, torch.Tensor] = {}  # with a scaler, its decisions where a split step reads
         self.lrs: list[torch.Tensor] = []
 
     def parameters(self) -> list[torch.Tensor]:
         """The optimizer's parameters, in its order."""
         return parameters_of(self.optimizer)
 
-    def program(self, divisor: int, handlers: StepHandlers) -> StepProgram | None:
+    def program(self, divisor: int, handlers: Sequence[StepHandler]) -> StepProgram | None:
         """The program for this step, its buffers written (target count, learning rates); ``None`` to step eagerly.
 
         Args:
             divisor: what the gradients are divided by: the step's target count, or 1 where its one window
                 backpropagated its mean.
-            handlers: the ``OPTIMIZER_STEP_STARTED`` handlers; where some run on the host, the step is two programs,
-                around them.
+            handlers: the ``OPTIMIZER_STEP_STARTED`` handlers, every one of which runs inside the program.
         """
         present, settings = self.fill_buffers()
         if not any(present):
             return None
-        key = (present, tuple(h.key for h in handlers.on_device), handlers.host_first, len(settings), self.identity())
+        key = (present, tuple(h.key for h in handlers), len(settings), self.identity())
         # Made again where a hyper-parameter other than the learning rate changed, or the state has new tensors.
         program = self.cache.fetch(
             key,
-            lambda: StepProgram(self, handlers.on_device, handlers.host_first, settings),
+            lambda: StepProgram(self, handlers, settings),
             lambda p: same_settings(p.settings, settings) and not p.stale(),
         )
         assert self.divisor is not None, "fill_buffers() made the buffers"
@@ -229,62 +226,29 @@ class StepPrograms:
         ]
 
     # -- what a program runs -----------------------------------------------------------------------------------
-    def divide(self, divisor: torch.Tensor) -> dict | None:
-        """The step's first part: the gradients divided by ``divisor`` (a buffer) and checked (or unscaled).
-
-        Returns:
-            With a scaler, its inf/NaN decisions by device (tensors), as its ``unscale_`` records them; else
-            ``None``.
-        """
-        optimizer, scaler = self.optimizer, self.scaler
-        grads = gradients_of(optimizer)
-        if scaler is not None:
-            unscale_and_divide(optimizer, scaler, grads, divisor)
-            found = scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-            # Copied into buffers made before capture: a split step's second program reads them after the host's
-            # handlers, outside the graphs' pool.
-            kept = self._found_by_device
-            for d, t in found.items():
-                if d not in kept:  # at a first run, before any capture
-                    kept[d] = torch.empty_like(t)
-            buffers = {d: kept[d] for d in found}
-            torch._foreach_copy_(list(buffers.values()), list(found.values()))
-            return buffers
-        found = self.found
-        assert found is not None, "fill_buffers() made the buffers before any program runs"
-        decision = divide_and_check(grads, divisor, into=found)
-        if decision is not found:  # several groups (dtypes, devices): only the first checked into it
-            found.copy_(decision)
-        return None
-
-    def unscaled(self, found: dict) -> None:
-        """After a replayed division: the scaler's record of the step as its ``unscale_`` leaves it.
-
-        A replay does not run the scaler's Python: without this, it would still take the step's gradients as scaled,
-        and a step run uncaptured after (a host handler changed a hyper-parameter) would unscale them again.
-        """
-        assert self.scaler is not None, "only a step with a scaler has its decisions to record"
-        state = self.scaler._per_optimizer_states[id(self.optimizer)]
-        state["stage"], state["found_inf_per_device"] = OptState.UNSCALED, found
-
-    def updated(self) -> None:
-        """After a replayed step: the scaler's records of the step cleared, as its ``update`` clears them."""
-        assert self.scaler is not None, "called for a step with a scaler only"
-        self.scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
-
     def step(self, handlers: Sequence[StepHandler]) -> tuple[list, Any]:
-        """The step's second part: the device parts of ``handlers``, the optimizer's step, the scale's update.
+        """The step's body: division and check (or unscale), ``handlers``' device parts, the step, the scale's update.
 
         Returns:
             The handlers' outputs, in order (each given one dict, shared by the step's handlers: a norm computed
             for the step is computed once, as ``gradient_norm`` does eagerly); and with an enabled scaler, whether
             it skipped the step (a 0-dim float32 tensor, read by the host as the eager step reads it), else ``None``.
         """
-        optimizer, scaler = self.optimizer, self.scaler
+        optimizer, scaler, divisor = self.optimizer, self.scaler, self.divisor
+        assert divisor is not None, "program() wrote it before a program runs"
+        grads = gradients_of(optimizer)
+        # Without a scaler, the optimizer skips itself on the device where the decision is 1.0.
+        found = None
+        if scaler is not None:
+            unscale_and_divide(optimizer, scaler, grads, divisor)
+        else:
+            found = self.found
+            assert found is not None, "fill_buffers() made the buffers before any program runs"
+            decision = divide_and_check(grads, divisor, into=found)
+            if decision is not found:  # several groups (dtypes, devices): only the first checked into it
+                found.copy_(decision)
         shared: dict = {}
         outputs = [handler.device_part(shared) for handler in handlers]
-        # Without a scaler, the optimizer skips itself on the device where the decision is 1.0.
-        found = None if scaler is not None else self.found
         groups = optimizer.param_groups
         rates = [group["lr"] for group in groups]
         for group, lr in zip(groups, self.lrs):
@@ -295,6 +259,11 @@ class StepPrograms:
             for group, rate in zip(groups, rates):
                 group["lr"] = rate
         return outputs, skipped
+
+    def updated(self) -> None:
+        """After a replayed step: the scaler's records of the step cleared, as its ``update`` clears them."""
+        assert self.scaler is not None, "called for a step with a scaler only"
+        self.scaler._per_optimizer_states = defaultdict(_refresh_per_optimizer_state)
 
     def _buffers(self, params: list[torch.Tensor]) -> None:
         device = params[0].device
@@ -323,13 +292,11 @@ class StepPrograms:
 
 
 class StepProgram:
-    """One kind of optimizer step as one program, or two around the host's handlers (``split``)."""
+    """One kind of optimizer step as one program."""
 
-    def __init__(self, steps: StepPrograms, handlers: Sequence[StepHandler], split: bool, settings: list[dict]) -> None:
+    def __init__(self, steps: StepPrograms, handlers: Sequence[StepHandler], settings: list[dict]) -> None:
         self.steps, self.handlers, self.settings = steps, tuple(handlers), settings
-        capture = steps.capture
-        self.before = Program(self._divide, capture, "the optimizer step", "step") if split else None
-        self.after = Program(self._step if split else self._whole, capture, "the optimizer step", "step")
+        self.program = Program(self._body, steps.capture, "the optimizer step", "step")
         self._state: tuple | None = None  # where the optimizer's state tensors were as the step was captured
 
     def stale(self) -> bool:
@@ -337,53 +304,27 @@ class StepProgram:
         if self.steps.capture is None:
             return False  # its Python runs every step, and reads the state as it is
         now = self.steps.state_tensors()
-        if self.after.graph is None:  # not captured yet: its capture will read the state as it is then
+        if self.program.graph is None:  # not captured yet: its capture will read the state as it is then
             self._state = now
             return False
         return now != self._state
 
-    def divide(self) -> None:
-        """Run the division and the check, before the host's handlers (a split step)."""
-        if self.before is not None:
-            found, fresh = self.before()
-            if found is not None and not fresh:
-                self.steps.unscaled(found)
-
     def step(self) -> torch.Tensor | None:
-        """Run the rest of the step: the division and check (unless run before), device handlers, step, update.
+        """Run the step: division and check, device handlers, the optimizer's step, the scale's update.
 
         Returns:
             With an enabled scaler, whether it skipped the step (a 0-dim tensor); else ``None``.
         """
         steps = self.steps
-        # A split step: the host's handlers ran since the program was chosen. A parameter given a new .grad goes back
-        # into its buffer, and a learning rate they set reaches this step. Another hyper-parameter they changed is not
-        # in the captured step: this once the step runs uncaptured, and the next gets a program of its own.
-        if self.before is not None and not same_settings(self.settings, steps.fill_buffers()[1]):
-            steps.cache.drop(self)
-            return self._host_parts(*steps.step(self.handlers), fresh=True)
-        (outputs, skipped), fresh = self.after()
+        (outputs, skipped), fresh = self.program()
         if steps.scaler is not None and not fresh:
             steps.updated()
-        return self._host_parts(outputs, skipped, fresh)
-
-    def _host_parts(self, outputs: list, skipped: torch.Tensor | None, fresh: bool) -> torch.Tensor | None:
         # A handler may keep what it is given: the next replay overwrites the graph's tensors.
         for handler, output in zip(self.handlers, copied_out(outputs, fresh)):
             handler.host_part(output)
         return skipped
 
-    # -- the bodies --------------------------------------------------------------------------------------------
-    def _whole(self) -> tuple[list, Any]:
-        self._divide()
-        return self._step()
-
-    def _divide(self) -> dict | None:
-        divisor = self.steps.divisor
-        assert divisor is not None, "StepPrograms.program() wrote it before this program runs"
-        return self.steps.divide(divisor)
-
-    def _step(self) -> tuple[list, Any]:
+    def _body(self) -> tuple[list, Any]:
         return self.steps.step(self.handlers)
 
 

@@ -1,4 +1,4 @@
-"""Windows run as programs: the program executor, and a window's calls, its reach back and its backward pass as one.
+"""Windows run as programs: the program executor, and a window's calls and its backward pass as one.
 
 Where the model is small, a GPU step is bound by kernel launches: a window of a GRU of 8 units is some fifty launches
 of a few microseconds each, which a CUDA graph records once and replays as one. :class:`ProgramExecutor`, the second
@@ -10,23 +10,16 @@ captured in CUDA graphs; or recorded and run again under capture's rules on any 
 (:mod:`~ignite_tbptt.runtime.programs.recording`).
 
 A window program runs the window's model calls at their fixed places (each resetting the columns that start a sequence
-at its first step, as a mask), their losses, and one backward pass to the cut. It reads its inputs from static buffers
-written before each run: the window's input and targets, the hidden state at its cut, and for a window that reaches
-back (k2 > k1) each retained segment's input, reset mask and weights, whose forward passes it runs again first
-(:mod:`~ignite_tbptt.runtime.programs.reach`). Each segment's weights get their own gradient, added to the parameters'
-static ``.grad`` buffers in the order of the eager sweep, where the step programs (:mod:`.step`) read them: for a
-window of one call and one window a step, the eager trainer's arithmetic, bit for bit. The window's segments that a
-later window reaches join the retained history as what recomputes them, not as graphs.
-
-Refused rather than run: a model that draws random numbers where forward passes run again (the window reaches back,
-or ``recompute``; dropout in training mode), which the first run of each such program checks; and, where windows
-reach back, trained parameters that are neither the model's nor ``initial_state``'s
-(:class:`~ignite_tbptt.runtime.programs.reach.SwappedWeights`, checked as the window source is installed). With
-``target_count_fn``, the calls' counts stay on the device; a call without targets adds no gradient of its own loss.
+at its first step, as a mask), their losses, and one backward pass to the window's start, which is its cut: a window
+that reaches back into earlier windows (k2 > k1), or one a later window reaches, keeps graphs across windows and runs
+eagerly, as does every window in recomputation mode (planning says so). It reads its inputs from static buffers
+written before each run (the window's input and targets, the hidden state at its start, the calls' reset masks), and
+adds its gradient to the parameters' static ``.grad`` buffers, where the step programs (:mod:`.step`) read them: for a
+window of one call and one window a step, the eager trainer's arithmetic, bit for bit. With ``target_count_fn``, the
+calls' counts stay on the device; a call without targets adds no gradient of its own loss.
 
 Sources: PyTorch's CUDA semantics notes, "CUDA Graphs" (whole-network capture: warm-up on a side stream, static
-inputs copied in, outputs read after ``replay()``, ``torch.autocast(..., cache_enabled=False)`` under capture);
-Chen et al. 2016, arXiv:1604.06174, section 3 (recomputation).
+inputs copied in, outputs read after ``replay()``, ``torch.autocast(..., cache_enabled=False)`` under capture).
 """
 
 from __future__ import annotations
@@ -36,12 +29,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
 from ...planning import ClosePlan, RuntimeFacts, SegmentPlan
 from .. import hidden as hs
-from .. import rng
-from ..backward_sweep import Recomputation, Segment
 from ..executor import SegmentExecutor, SegmentResult
 from ..loss_rule import LossRule
 from ..model_call import ModelCall
@@ -50,20 +40,10 @@ from ..profiling import profiling
 from ..reset import Resets
 from ..stream import StreamState
 from .capture import GraphCapture, Program, ProgramCache, StaticInputs, copied_out
-from .reach import ReachWeights, SwappedWeights, reach_of, recomputable_from
 from .recording import Recorder
 from .step import StepPrograms
 
 __all__ = ["Execution", "build_executor", "ProgramExecutor", "WindowProgram", "WindowResults", "Call", "CallPass"]
-
-
-_RANDOM = (
-    "cuda_graphs runs forward passes again inside a window's program (the retained segments a window reaches with "
-    "k2 > k1; every call with recompute), and the model drew random numbers in a window (dropout in training mode, "
-    "say): a forward pass run again would draw other numbers than it drew the first time, and the gradients would "
-    "not be the eager trainer's. Use k2 = k1 without recompute, a model that draws none (dropout=0), or "
-    "cuda_graphs=False."
-)
 
 
 class Execution(enum.Enum):
@@ -144,8 +124,6 @@ class ProgramExecutor(SegmentExecutor):
             graphs.name_model(model_call.model)
         self.cache = ProgramCache(limit, self.counts)  # the window programs, by shape
         self.trained: list[torch.Tensor] = []  # the parameters that require grad, as the programs were built
-        self._trained_index: list[int] = []  # their places among the parameters
-        self.reach_weights = ReachWeights()  # the weights of the versions window programs reach
         self._pointers: list[int] = []  # their storage then
 
     def facts(self) -> RuntimeFacts:
@@ -154,12 +132,8 @@ class ProgramExecutor(SegmentExecutor):
         # state returned was read from the state given, the call that checks the reset's columns. In recomputation
         # mode no eager call keeps a graph to check the state's cut on.
         stream = self.stream
-        pending = (
-            not (self._state_cut_checked or stream.history.rebuilds)
-            or stream.hidden is None
-            or self._columns_to_check is not None
-        )
-        return RuntimeFacts(profiling(), pending, recomputable_from(stream.history.segments, stream.position))
+        checked = self._state_cut_checked or stream.history.rebuilds
+        return RuntimeFacts(profiling(), not checked or stream.hidden is None or self._columns_to_check is not None)
 
     def run_window(
         self, plans: Sequence[SegmentPlan], x: Any, y: Any, resets: Resets, offset: int, keep: bool
@@ -177,21 +151,16 @@ class ProgramExecutor(SegmentExecutor):
 
         Returns:
             Each segment's result, as :meth:`run` gives it; the stream is then at the window's end, with its state
-            and the window's loss, and the segments a later window reaches have joined the history as what
-            recomputes them.
+            and the window's loss.
 
         Raises:
             GraphCaptureError: where the capture of its program fails (``cuda_graphs=True``), or a
                 program's recording refuses a host read (``cuda_graphs="recorded"``).
             RecordingError: with ``cuda_graphs="recorded"``, if a tensor its recording reads was freed, moved or
                 resized since.
-            ValueError: at its program's first run, if the window runs forward passes again (k2 > k1, or
-                ``recompute``) and the model drew random numbers; nothing of the window is applied.
         """
         stream, steps = self.stream, self.model_call.layout.steps
         first, last = plans[0], plans[-1]
-        reach = reach_of(stream.history.segments, first.window.cut, first.start)
-        assert reach is not None, "planning runs a window as a program only where its reach recomputes whole"
         xw, yw = steps(x, first.start - offset, last.end - offset), steps(y, first.start - offset, last.end - offset)
         starts = [resets.get(p.start - offset) for p in plans]
         self._check_parameters()
@@ -199,32 +168,11 @@ class ProgramExecutor(SegmentExecutor):
             Call(p.start - first.start, p.end - first.start, mask is not None, p.whole_window)
             for p, mask in zip(plans, starts)
         )
-        key = (xw.shape, xw.dtype, yw.shape, yw.dtype, calls, first.backward_mean, WindowProgram.key(reach))
-        mean, rebuilds = first.backward_mean, first.rebuilt
-        program = self.cache.fetch(
-            key, lambda: WindowProgram(self, reach, stream.hidden, xw, yw, calls, mean, rebuilds)
-        )
+        key = (xw.shape, xw.dtype, yw.shape, yw.dtype, calls, first.backward_mean)
+        program = self.cache.fetch(key, lambda: WindowProgram(self, stream.hidden, xw, yw, calls, first.backward_mean))
         self.let_state_graph_go()
-        history = stream.history
-        history.keep_only_recomputations(len(reach))
-        # Segments a later window reaches, and so a reach, are kept only where weight versions are (k2 > k1).
-        versions = history.versions
-        values = []
-        if reach:
-            assert versions is not None, "a reach back is kept with its weight versions"
-            values = self.reach_weights(versions, reach, self._trained_index)
-        results = program(reach, values, stream.hidden, xw, yw, starts, keep)
-        state = stream.hidden
-        for plan, call, mask, after in zip(plans, calls, starts, results.states):
-            if plan.reached_later:  # it joins the history as what recomputes it
-                assert versions is not None, "a segment a later window reaches is kept with its weight version"
-                segment_x = steps(xw, call.start, call.end)
-                recomputation = Recomputation(
-                    segment_x, state, rng.capture(xw.device), versions.current, plan.hidden_requires_grad, mask
-                )
-                history.append(Segment(plan.start, plan.end, [], None, recomputation=recomputation))
-            state = hs.unflatten(state, after)
-        stream.hidden, stream.position = state, last.end
+        results = program(stream.hidden, xw, yw, starts, keep)
+        stream.hidden, stream.position = hs.unflatten(stream.hidden, results.states[-1]), last.end
         segments = []
         for plan, loss, n, predictions in zip(plans, results.losses, results.counts, results.predictions):
             stream.window_loss.add(loss, n, plan.whole_window)
@@ -232,7 +180,7 @@ class ProgramExecutor(SegmentExecutor):
         return segments
 
     def close_swept(self, plan: ClosePlan) -> None:
-        """Close a window a program ran, and swept: only drop the segments no later window reaches."""
+        """Close a window a program ran, and swept: drop the retained segments before it, which nothing reaches."""
         history = self.stream.history
         history.segments = history.segments[plan.keep_from :]
 
@@ -297,7 +245,6 @@ class ProgramExecutor(SegmentExecutor):
     def clear(self) -> None:
         """Forget every program: the next windows run eagerly and are captured afresh."""
         self.cache.clear()
-        self.reach_weights.clear()
         self.trained, self._pointers = [], []
 
     def _check_parameters(self) -> None:
@@ -316,7 +263,6 @@ class ProgramExecutor(SegmentExecutor):
             self.trained, self._pointers = trained, pointers
             if self.graphs is not None and trained:
                 self.graphs.device = trained[0].device
-            self._trained_index = [i for i, p in enumerate(params) if p.requires_grad]
 
 
 class CallPass(NamedTuple):
@@ -357,107 +303,54 @@ class WindowResults(NamedTuple):
     predictions: list[Any]
 
 
-class _ReachedSegment(NamedTuple):
-    # A retained segment's buffers: its input, its reset mask, and its weights (leaves: their own gradient).
-    x: torch.Tensor
-    starts: torch.Tensor | None
-    weights: list[torch.Tensor]
-
-
 class WindowProgram:
-    """One shape of a window and of its reach: its retained segments' forward passes, then the window's calls.
+    """One shape of a window: its model calls, their losses and one backward pass to the window's start.
 
     Args:
         executor: what runs its window's calls (the program executor it belongs to).
-        reach: the retained segments from the window's cut to its start, oldest first (their :class:`Recomputation`).
-        state: the window's input hidden state (the cut's where the reach is empty).
+        state: the window's input hidden state, which gives its buffers' shapes.
         x, y: the window's input and targets, ``(T, B, *)`` along the time dimension, which give the buffers' shapes.
         calls: the window's model calls.
         backward_mean: the loss is backpropagated as the mean over the window's targets, else as their sum.
-        rebuilds: recomputation mode (``recompute``): each call's and each retained segment's activations are
-            computed again in the backward pass rather than kept (Chen et al. 2016, section 3).
     """
 
     def __init__(
         self,
         executor: ProgramExecutor,
-        reach: Sequence[Recomputation],
         state: Any,
         x: torch.Tensor,
         y: torch.Tensor,
         calls: Sequence[Call],
         backward_mean: bool,
-        rebuilds: bool = False,
     ) -> None:
-        self.executor, self.calls, self.backward_mean, self.rebuilds = executor, calls, backward_mean, rebuilds
-        # Written before each run in this order: input, targets, the cut's state, the calls' reset masks, and each
-        # retained segment's input, reset mask and weights (leaves: their own gradient).
+        self.executor, self.calls, self.backward_mean = executor, calls, backward_mean
+        # Written before each run in this order: input, targets, the input state, the calls' reset masks.
         inputs = self.inputs = StaticInputs()
         self.x, self.y = inputs.like(x), inputs.like(y)
-        model_call, layout = executor.model_call, executor.model_call.layout
-        first = reach[0].hidden if reach else state
-        self.cut_tree = hs.unflatten(first, [inputs.like(t) for t in hs.flatten(first)])
+        layout = executor.model_call.layout
+        self.state = hs.unflatten(state, [inputs.like(t) for t in hs.flatten(state)])
         mask = torch.zeros(layout.columns(x), dtype=torch.bool, device=x.device)
         self.starts = [inputs.like(mask) if call.resets else None for call in calls]
-        trained = executor.trained
-        self.pieces = [
-            _ReachedSegment(
-                inputs.like(r.x),
-                None if r.starts is None else inputs.like(r.starts),
-                [inputs.like(p).requires_grad_() for p in trained],
-            )
-            for r in reach
-        ]
-        self.leaves = [w for piece in self.pieces for w in piece.weights]
-        self.swapped = SwappedWeights(model_call.model, model_call.initial_state, trained) if reach else None
         self.targets = [layout.steps(y, c.start, c.end).numel() for c in calls]
-        # Whether a run checked that the model draws no random numbers, where they would be drawn again.
-        self.checked = not reach and not rebuilds
         self.state_out: list[torch.Tensor] | None = None  # where a captured program leaves the window's state
         self.program = Program(self._body, executor.graphs, "the window")
 
-    @staticmethod
-    def key(reach: Sequence[Recomputation]) -> tuple:
-        """What a reach must share with another for one program to run both."""
-        return tuple((r.x.shape, r.x.dtype, r.starts is not None) for r in reach)
-
     def __call__(
         self,
-        reach: Sequence[Recomputation],
-        values: Sequence[list[torch.Tensor]],
         state: Any,
         x: torch.Tensor,
         y: torch.Tensor,
         starts: Sequence[torch.Tensor | None],
         keep_predictions: bool = False,
     ) -> WindowResults:
-        """Run the window on ``x``, ``y`` after its ``reach``, from ``state`` where the reach is empty.
+        """Run the window on ``x``, ``y`` from ``state``.
 
-        ``values``: for each retained segment, the trained weights it ran with; ``starts``: each call's reset mask;
-        ``keep_predictions``: return the calls' predictions (a replay's are copied out for it), else ``None`` each.
-
-        Raises:
-            ValueError: at a program's first run, if it runs forward passes again (it reaches back, or rebuilds its
-                calls) and the model drew random numbers; nothing of the window is applied (no gradient added, the
-                stream not advanced), and the next run checks again.
+        ``starts``: each call's reset mask; ``keep_predictions``: return the calls' predictions (a replay's are copied
+        out for it), else ``None`` each.
         """
-        first = reach[0].hidden if reach else state
-        sources = [x, y, *hs.flatten(first), *(mask for mask in starts if mask is not None)]
-        for r, weights in zip(reach, values):
-            sources += [r.x, *([] if r.starts is None else [r.starts]), *weights]
-        self.inputs.write(sources)  # a mask where the key has one: the buffers match
-        if not self.checked:  # before the generators are compared, which on CUDA would not show cuDNN's own state
-            rng.refuse_own_dropout_state(
-                self.executor.model_call.model,
-                "cuda_graphs (a window reaching back, k2 > k1, or recompute)",
-                "cuda_graphs=False",
-            )
-        before = None if self.checked else rng.capture(x.device)
+        # A mask where the key has one: the buffers match.
+        self.inputs.write([x, y, *hs.flatten(state), *(mask for mask in starts if mask is not None)])
         (losses, states, predictions, grads, counts), fresh = self.program()
-        if before is not None:
-            if not rng.same(before, rng.capture(x.device)):
-                raise ValueError(_RANDOM)
-            self.checked = True
         # Read once the window has run, as the eager segments read theirs.
         counts = self.targets if counts is None else torch.stack(counts).tolist()
         if any(counts):
@@ -470,15 +363,12 @@ class WindowProgram:
 
     def _body(self) -> tuple[list, list, list, list, Any]:
         executor = self.executor
-        call, steps = executor.model_call, executor.model_call.layout.steps
-        state = self.cut_tree
-        if self.swapped is not None:  # the window reaches back (else it has no pieces)
-            for piece in self.pieces:
-                _, state = self._rebuilt(self.swapped, piece.weights, _bound(call, piece.x, state, piece.starts))
+        steps = executor.model_call.layout.steps
+        state = self.state
         losses, states, predictions, roots, counts = [], [], [], [], []
         for c, starts, targets in zip(self.calls, self.starts, self.targets):
             x, y = steps(self.x, c.start, c.end), steps(self.y, c.start, c.end)
-            passed = self._rebuilt(executor.window_call, x, y, state, starts, targets, self.backward_mean)
+            passed = executor.window_call(x, y, state, starts, targets, self.backward_mean)
             state = passed.state
             count = targets if passed.count is None else passed.count
             losses.append(passed.mean.detach() if c.whole else (passed.mean * count).detach())
@@ -493,31 +383,17 @@ class WindowProgram:
         states[-1] = hs.flatten(executor.state_after(state, self.state_out))
         return losses, states, predictions, grads, None if counts[0] is None else counts
 
-    def _rebuilt(self, fn: Callable, *args: Any) -> Any:
-        # In recomputation mode each call keeps no activation: its backward pass runs its forward pass again, as the
-        # eager sweep rebuilds a segment (non-reentrant checkpointing: captured with the rest). Its random draws are
-        # not restored: a model that draws any is refused at the first run.
-        if not self.rebuilds:
-            return fn(*args)
-        return checkpoint(fn, *args, use_reentrant=False, preserve_rng_state=False)
-
     def _gradients(self, roots: list, counts: list) -> list:
-        # The parameters' gradients: the window's, then each retained segment's from the latest back, as the eager
-        # sweep adds them. With counts on the device, each call's loss apart, its gradient masked where it has none.
+        # The parameters' gradients of the window. With counts on the device, each call's loss apart, its gradient
+        # masked where it has none.
         trained = self.executor.trained
-        leaves, n = [*trained, *self.leaves], len(trained)
-        grads: list[torch.Tensor | None]
         if counts[0] is None:
-            grads = list(torch.autograd.grad(sum(roots[1:], roots[0]), leaves, allow_unused=True))
-        else:
-            grads = [None] * len(leaves)
-            for i, (root, count) in enumerate(zip(roots, counts)):
-                call_grads = torch.autograd.grad(root, leaves, retain_graph=i < len(roots) - 1, allow_unused=True)
-                grads = _added(grads, _masked_by_count(call_grads, count))
-        total: list[torch.Tensor | None] = grads[:n]
-        for j in range(len(self.pieces) - 1, -1, -1):
-            total = _added(total, grads[n + j * n : n + (j + 1) * n])
-        return total
+            return list(torch.autograd.grad(sum(roots[1:], roots[0]), trained, allow_unused=True))
+        grads: list[torch.Tensor | None] = [None] * len(trained)
+        for i, (root, count) in enumerate(zip(roots, counts)):
+            call_grads = torch.autograd.grad(root, trained, retain_graph=i < len(roots) - 1, allow_unused=True)
+            grads = _added(grads, _masked_by_count(call_grads, count))
+        return grads
 
 
 def _added(so_far: Sequence[torch.Tensor | None], more: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
@@ -532,7 +408,3 @@ def _masked_by_count(grads: Sequence[torch.Tensor | None], count: torch.Tensor) 
     backward pass; a program cannot read the count to skip the addition, so it adds zeros.
     """
     return [None if g is None else torch.where(count > 0, g, 0.0) for g in grads]
-
-
-def _bound(call: Callable, x: torch.Tensor, state: Any, starts: torch.Tensor | None) -> Callable[[], Any]:
-    return lambda: call(x, state, None, False, starts)

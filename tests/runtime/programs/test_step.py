@@ -135,29 +135,38 @@ def on_the_host(trainer, model, optimizer):
         engine.state.seen.append(sum(p.grad.abs().sum().item() for p in model.parameters()))
 
 
+def doubles(trainer, model, optimizer):
+    @trainer.on(TBPTTEvents.OPTIMIZER_STEP_STARTED)
+    def _(engine):  # new tensors, not the buffers a step program reads
+        for p in model.parameters():
+            p.grad = p.grad * 2
+
+
 @pytest.mark.parametrize(
-    "handlers, split",
+    "handlers, host",
     [
         ([clip_by_norm, norms_after_each_step], False),
         ([clip_by_value, norms_after_each_step], False),
         ([on_the_host, clip_by_norm, norms_after_each_step], True),
         ([clip_by_norm, on_the_host, norms_after_each_step], True),
+        ([doubles, clip_by_norm, norms_after_each_step], True),
     ],
-    ids=["by norm", "by value", "a host handler before", "a host handler after"],
+    ids=["by norm", "by value", "a host handler before", "a host handler after", "a host handler's new gradients"],
 )
-def test_clipping_runs_inside_the_step_and_host_handlers_between_two_programs(device, handlers, split):
+def test_clipping_runs_inside_the_step_and_a_host_handler_makes_the_step_eager(device, handlers, host):
+    # A handler of OPTIMIZER_STEP_STARTED without a device part runs on the host between the division and the step:
+    # the step then runs eagerly, every handler in its order, counted; the windows still run as programs.
     data = batches()
     eager, eager_trainer, _ = train(False, data, fused_sgd, handlers)
     model, trainer, steps = train(True, data, fused_sgd, handlers)
     assert_same(eager, model, device)
-    assert len(steps) == 40
     assert trainer.state.norms == eager_trainer.state.norms  # the norm before clipping, on engine.state
     if hasattr(trainer.state, "seen"):  # the handler saw the gradients of the eager step at the same moment
         assert trainer.state.seen == eager_trainer.state.seen
-    program = steps[0]
-    assert (program.before is not None) is split  # two programs around the host's handler, or one
-    clipping_inside = handlers[-2] is not on_the_host
-    assert len(program.handlers) == clipping_inside
+    if host:
+        assert not steps and trainer.state.programs.eager == {"checks": 3, "step/host_handlers": 40}
+    else:
+        assert len(steps) == 40 and len(steps[0].handlers) == 1  # the clipping, inside
 
 
 def attach_at_steps(scheduler):
@@ -245,10 +254,11 @@ def test_gradients_stay_in_static_buffers_across_steps(device):
 
     def record(trainer, model, optimizer):
         trainer.add_event_handler(
-            TBPTTEvents.OPTIMIZER_STEP_STARTED, lambda _: grads.append([p.grad for p in model.parameters()])
+            TBPTTEvents.OPTIMIZER_STEP_COMPLETED, lambda _: grads.append([p.grad for p in model.parameters()])
         )
 
-    train(True, data, fused_sgd, [record])
+    _, _, steps = train(True, data, fused_sgd, [record])
+    assert len(steps) == 40
     # zero_grad() sets .grad to None between steps; each step's first window puts the same buffers back.
     assert all(g is h for step in grads[1:] for g, h in zip(step, grads[0]))
 
@@ -297,21 +307,7 @@ def test_tensorboards_gradient_norm_and_clipping_leave_the_step_one_program(devi
     model, trainer, steps = train(True, data, fused_adam, [main_jobs(tmp_path / "programs")])
     assert_same(eager, model, device)
     assert trainer.state.norms == eager_trainer.state.norms  # the norm before clipping, as eagerly
-    assert len(steps) == 40 and steps[0].before is None and len(steps[0].handlers) == 2
-
-
-def test_a_host_handler_giving_gradients_new_tensors_between_the_two_programs(device):
-    def doubles(trainer, model, optimizer):
-        @trainer.on(TBPTTEvents.OPTIMIZER_STEP_STARTED)
-        def _(engine):  # new tensors, not the buffers the step program reads
-            for p in model.parameters():
-                p.grad = p.grad * 2
-
-    data = batches()
-    eager, _, _ = train(False, data, fused_sgd, [doubles, clip_by_norm])
-    model, _, steps = train(True, data, fused_sgd, [doubles, clip_by_norm])
-    assert_same(eager, model, device)
-    assert len(steps) == 40 and steps[0].before is not None
+    assert len(steps) == 40 and len(steps[0].handlers) == 2
 
 
 MARK = 7  # a window whose first step reads this token in every column has a NaN gradient in the second dtype
@@ -368,7 +364,7 @@ def test_an_inf_gradient_in_a_second_dtype_refuses_the_step(device):
     assert "optimizer step 9 " in errors[False] and "optimizer step 9 " in errors[True]
 
 
-def test_a_learning_rate_set_by_a_host_handler_of_the_step_reaches_it(device):
+def test_a_learning_rate_set_by_a_host_handler_of_the_step_reaches_it_eagerly(device):
     def schedule(trainer, model, optimizer):
         scheduler = PiecewiseLinear(optimizer, "lr", milestones_values=[(0, 0.0), (16, 0.25), (40, 0.125)])
         trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, scheduler)  # on the host, before the step
@@ -380,9 +376,10 @@ def test_a_learning_rate_set_by_a_host_handler_of_the_step_reaches_it(device):
     data = batches()
     for attach in (schedule, momentum):
         eager, _, _ = train(False, data, fused_sgd, [attach])
-        model, _, steps = train(True, data, fused_sgd, [attach])
+        model, trainer, steps = train(True, data, fused_sgd, [attach])
         assert_same(eager, model, device)
-        assert len(steps) == 40
+        # On the host: each step eagerly (a scheduler on OPTIMIZER_STEP_COMPLETED keeps them programs, above).
+        assert not steps and trainer.state.programs.eager["step/host_handlers"] == 40
 
 
 def test_two_clippings_share_the_steps_norm_as_eagerly(device):
@@ -436,26 +433,6 @@ def test_a_scaler_that_skips_a_step_restarts_an_overflowed_hidden_state(device):
     assert b == pytest.approx(a, nan_ok=True, rel=1e-6)
     for p, q in zip(ps, qs):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
-
-
-def test_a_split_step_with_a_scaler_unscales_once_when_a_host_handler_changes_a_setting(device):
-    # A host handler of OPTIMIZER_STEP_STARTED splits the step in two programs; where it changes a hyper-parameter
-    # other than the rate (momentum, here every fourth step) the second half runs uncaptured. After a replayed first
-    # half the scaler must know its gradients are unscaled, or the uncaptured half unscales them again.
-    def momentum_now_and_then(trainer, model, optimizer):
-        def change(engine):
-            if engine.state.optimizer_step % 4 == 0:
-                optimizer.param_groups[0]["momentum"] = 0.5 + engine.state.optimizer_step / 100
-
-        trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_STARTED, change)
-
-    data = batches()
-    options = {"dtype": torch.float32, "scaler": True}
-    eager, _, _ = train(False, data, fused_sgd, [momentum_now_and_then], **options)
-    model, _, steps = train(True, data, fused_sgd, [momentum_now_and_then], **options)
-    for p, q in zip(eager.parameters(), model.parameters()):
-        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-6)
-    assert steps and all(program.before is not None for program in steps)  # split
 
 
 def test_an_optimizer_state_reassigned_between_steps_gets_a_new_program(device):

@@ -61,6 +61,7 @@ def train(
     dtype=torch.float64,
     model=None,
     loss=loss_fn,
+    replayed=("window",),
     **options,
 ):
     torch.manual_seed(0)
@@ -73,7 +74,7 @@ def train(
     with counting_programs() as runs:
         trainer.run(data, max_epochs=epochs)
     if cuda_graphs is True:
-        assert_replayed(trainer)
+        assert_replayed(trainer, *replayed)
     return model, trainer, len(runs)
 
 
@@ -81,13 +82,13 @@ def train(
 def counting_programs():
     """The windows programs ran in the block, one entry per window (one program each), in order."""
     runs = []
-    reaching = window_programs.WindowProgram.__call__
+    run = window_programs.WindowProgram.__call__
 
-    def counted_reaching(self, *args):
+    def counted(self, *args):
         runs.append(self)
-        return reaching(self, *args)
+        return run(self, *args)
 
-    with mock.patch.object(window_programs.WindowProgram, "__call__", counted_reaching):
+    with mock.patch.object(window_programs.WindowProgram, "__call__", counted):
         yield runs
 
 
@@ -139,8 +140,7 @@ def test_optimizers_and_the_inf_check_are_unchanged(device, make):
 @pytest.mark.parametrize(
     "cached", [None, "gru", "lstm"], ids=["state returned", "state cached in an attribute", "(h, c) cached as a tuple"]
 )
-@pytest.mark.parametrize("k1, k2", [(5, 5), (1, 8), (5, 10)], ids=["k1 = k2", "per token (1, 8)", "(5, 10)"])
-def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached, k1, k2):
+def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached):
     # An eager window's graph, kept alive by the state it returned, would keep the parameters' AccumulateGrad nodes
     # of the CUDA stream it ran on; a program's backward pass on the warm-up stream would wait for that stream, and
     # under capture CUDA refuses it ("operation would make the legacy stream depend on a capturing blocking stream").
@@ -168,7 +168,6 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached, k1, k2
                     node.register_prehook(Marker((engine.state.window, i)))
             program_ran[0] = False
 
-    # With k2 > k1 a window program's reach may hold segments an eager window retained: their graphs too.
     def checked(original):
         def run(self, *args):
             alive_at_programs.append(made - released)
@@ -179,8 +178,7 @@ def test_no_graph_of_an_eager_window_is_alive_when_a_program_runs(cached, k1, k2
 
     with mock.patch.object(window_programs.WindowProgram, "__call__", checked(window_programs.WindowProgram.__call__)):
         model = functools.partial(CachesItsState, lstm=cached == "lstm") if cached else None
-        options = {"carry_hidden": True, "k1": k1, "k2": k2}
-        _, _, runs = train(True, batches(), handlers=[mark_eager_windows], model=model, **options)
+        _, _, runs = train(True, batches(), handlers=[mark_eager_windows], model=model, carry_hidden=True)
     assert runs > 0 and len(alive_at_programs) == runs and made
     assert all(not alive for alive in alive_at_programs), [(i, a) for i, a in enumerate(alive_at_programs) if a]
 
@@ -197,7 +195,7 @@ def test_sequence_starts_reset_inside_the_program_and_split_windows_run_as_one_p
     eager, _, _ = train(False, with_starts, carry_hidden=True)
     with counting_programs() as programs_run:
         graphed_model, trainer, runs = train(True, with_starts, carry_hidden=True)
-    # The split windows' two calls are one backward pass in a window program: float64 rounding (test_reach.py).
+    # The split windows' two calls are one backward pass in a window program: float64 rounding (test_calls.py).
     assert_same_parameters(eager.parameters(), graphed_model.parameters(), torch.device("cuda"))
     calls = [key[4] for key in trainer._process_function.loop.executor.cache]  # each program's calls
     whole = [c[0] for c in calls if len(c) == 1]  # the window programs: one call each
@@ -529,14 +527,14 @@ def test_snntorch_neurons_keeping_their_membranes_in_attributes(device, fused):
 
 
 def test_shapes_past_the_limit_drop_the_least_recently_used_program_and_windows_keep_running_as_programs(device):
-    # Sequence starts at random places with k2 > k1: each window's calls and reach make a shape of their own, far more
-    # than 8. Shapes that stop coming are dropped for new ones, so that windows go on running as programs, as many as
-    # with no limit at all; the counts say so.
+    # Sequence starts at random places: each window's calls (split where a column starts a sequence) and resets make
+    # a shape of their own, far more than 8. Shapes that stop coming are dropped for new ones, so that windows go on
+    # running as programs, as many as with no limit at all; the counts say so.
     g = torch.Generator().manual_seed(3)
     data = []
     for x, y in batches():
         data.append((x, y, (torch.rand(x.shape, generator=g) < 0.04).to(x.device)))
-    options = {"carry_hidden": True, "k2": 10}
+    options = {"carry_hidden": True}
     eager, _, _ = train(False, data, **options)
     model, trainer, _ = train(True, data, **options)
     with mock.patch.dict(window_programs.ProgramExecutor.__init__.__kwdefaults__, {"limit": 1000}):
@@ -561,8 +559,7 @@ def test_each_window_run_eagerly_is_counted_with_its_reason(device):
     assert counts.as_dict()["eager/batch_ends_inside"] == 6
 
 
-@pytest.mark.parametrize("k2", [5, 10], ids=["one call", "reaching back"])
-def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k2):
+def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks():
     # A graph's outputs are overwritten by its next replay, so what the host keeps is copied out; the predictions (a
     # window's (T, B, vocabulary) logits) only where output_transform takes them.
     copied = []
@@ -577,7 +574,7 @@ def test_a_replays_predictions_are_copied_out_only_where_output_transform_asks(k
 
     for asked in (False, True):
         copied.clear()
-        options = {"k2": k2, "carry_hidden": True}
+        options = {"carry_hidden": True}
         if asked:
             options["output_transform"] = lambda x, y, y_pred, loss: (y_pred, y)
         with mock.patch.object(window_programs, "copied_out", spying(window_programs.copied_out)):
