@@ -23,6 +23,7 @@ PACKAGES = [
     "ignite_tbptt.data",
     "ignite_tbptt.engine",
     "ignite_tbptt.handlers",
+    "ignite_tbptt.lightning",
     "ignite_tbptt.models",
     "ignite_tbptt.planning",
     "ignite_tbptt.runtime",

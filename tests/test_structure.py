@@ -26,6 +26,7 @@ ALLOWED = {
     "handlers": {"engine", "planning", "checks", "plot"},
     "models": {"", "planning", "checks"},  # adapters for other libraries' models, importing those only when called
     "examples": {"", "data", "models"},  # the package's public API, as a user imports it
+    "lightning": {"engine", "data", "checks"},  # the trainer on Lightning's Trainer: the engine's loop, no ignite
 }
 THIRD_PARTY_FORBIDDEN = {"planning": {"torch", "ignite", "numpy"}, "runtime": {"ignite"}}
 
@@ -142,7 +143,7 @@ def test_no_import_cycle_inside_the_package():
 
 
 def test_a_subpackage_is_one_layer_and_at_most_a_handful_of_modules_stay_at_the_root():
-    assert SUBPACKAGES == ["data", "engine", "examples", "handlers", "models", "planning", "runtime"]
+    assert SUBPACKAGES == ["data", "engine", "examples", "handlers", "lightning", "models", "planning", "runtime"]
     root = sorted(p.stem for p in PACKAGE.glob("*.py"))
     assert root == ["__init__", "checks", "layout", "metrics", "plot", "version"]
 

@@ -1,0 +1,277 @@
+"""Exact TBPTT(k1, k2) in a ``LightningModule``: Lightning's ``Trainer`` runs the batches, this trainer the windows.
+
+PyTorch Lightning removed truncated backpropagation through time in 2.0 (``truncated_bptt_steps``, RFC #8732); its
+documentation now gives a recipe under manual optimization that splits each batch into chunks, starts the state at
+zeros every batch and steps once per chunk. :class:`TBPTTModule` gives Lightning's ``Trainer`` the trainer of
+:func:`~ignite_tbptt.create_tbptt_trainer` instead: the same stream loop (windows, cuts, the retained history for
+k2 > k1, normalisation by target counts, accumulation over windows, sequence starts inside a batch), built by
+:func:`~ignite_tbptt.tbptt_training_step` from the same options, inside ``training_step`` under Lightning's manual
+optimization. Lightning keeps its loop over batches and epochs, its callbacks, loggers and checkpoints; each
+optimizer step goes through Lightning's optimizer wrapper, so ``trainer.global_step`` counts optimizer steps.
+
+Sources: Williams and Peng 1990 (TBPTT(k1, k2)); Sutskever 2013, PhD thesis, section 2.8.6; SPEC.md, "Another
+framework, the same trainer".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from lightning.pytorch import LightningModule
+
+from ..data.batch import split_batch
+from ..engine import TBPTTProcessFunction, tbptt_training_step
+from ..engine.optimizer_step import RunPosition
+
+__all__ = ["TBPTTModule"]
+
+#: Options of create_tbptt_trainer that Lightning's Trainer owns here, with what replaces each.
+_LIGHTNING_OWNS = {
+    "device": "Trainer(accelerator=..., devices=...) moves the model and the batches",
+    "non_blocking": "Trainer moves the batches",
+    "prepare_batch": "LightningModule.transfer_batch_to_device or the DataLoader's collate_fn",
+    "output_transform": "training_step returns the batch's mean loss, logged as train_loss",
+    "scaler": "Trainer(precision=...) (only 32- and 64-bit precision so far)",
+    "autocast_dtype": "Trainer(precision=...) (only 32- and 64-bit precision so far)",
+    "cuda_graphs": "nothing yet: CUDA graphs are the ignite trainer's (create_tbptt_trainer)",
+}
+_PRECISIONS = {"32-true", "64-true", "32", "64"}
+
+
+class TBPTTModule(LightningModule):
+    """A ``LightningModule`` that trains ``model`` with exact TBPTT(k1, k2) on Lightning's ``Trainer``.
+
+    Subclass it and write ``configure_optimizers`` (one optimizer, and schedulers if any); the base writes
+    ``training_step``. Each batch is ``(x, y)`` or ``(x, y, starts)`` with ``x`` and ``y`` of shape ``(T, B, *)``
+    along the time dimension (``time_dim`` moves it), ``starts`` a ``(T, B)`` bool tensor of the steps where a column
+    starts a new sequence; with ``carry_hidden=True`` the batches of an epoch are pieces of one stream per column, as
+    with :func:`~ignite_tbptt.create_tbptt_trainer`, whose parameters this trains bit for bit on the same data.
+
+    Lightning's machinery, where this uses it: every optimizer step through ``self.optimizers()``
+    (``trainer.global_step`` counts optimizer steps, ``max_steps`` and ``every_n_train_steps`` with it); gradient
+    clipping through ``self.clip_gradients`` once per optimizer step, after the division by the step's target count
+    (the ``Trainer`` refuses ``gradient_clip_val`` under manual optimization: pass it here); learning-rate schedulers
+    from ``configure_optimizers`` stepped per optimizer step (``"interval": "step"``) or per epoch, every
+    ``"frequency"``; ``self.log`` of the batch's mean loss (``train_loss``), the windows and the learning rate; the
+    stream's state (window counters, accumulated windows, the window source's state) in Lightning's checkpoint.
+
+    Args:
+        model: ``y_pred, hidden = model(x, hidden)``, as :func:`~ignite_tbptt.create_tbptt_trainer` takes it.
+        loss_fn: ``loss_fn(y_pred, y)``, the mean over the window's targets.
+        k1: steps between backward passes, or a window source (:class:`~ignite_tbptt.RandomWindows`, ...).
+        k2: steps each backward pass reaches back (default ``k1``).
+        gradient_clip_val: clip the gradients to this norm (or value) at every optimizer step; ``None``: no clipping.
+        gradient_clip_algorithm: ``"norm"`` or ``"value"``, as Lightning's ``clip_gradients`` takes it.
+        **options: :func:`~ignite_tbptt.create_tbptt_trainer`'s keyword arguments (``carry_hidden``,
+            ``gradient_accumulation_steps``, ``target_count_fn``, ``time_dim``, ``model_fn``, ``reset_hidden``,
+            ``initial_state``, ``module_state``, ``recompute``, ...), but those Lightning's ``Trainer`` owns.
+
+    Raises:
+        TypeError: at the class's definition, if a subclass writes ``training_step``; at a batch that is not
+            ``(x, y)`` or ``(x, y, starts)``.
+        ValueError: as the module is made, for an option Lightning's ``Trainer`` owns here (``device``, ``scaler``,
+            ``cuda_graphs``, ...), named with what replaces it; as fit starts, for several optimizers, a precision
+            other than 32- or 64-bit, ``automatic_optimization`` set back to True, or a checkpoint of another
+            configuration or taken inside an epoch; and as :func:`~ignite_tbptt.create_tbptt_trainer` raises for
+            its options.
+
+    Examples:
+        >>> import torch
+        >>> from ignite_tbptt.lightning import TBPTTModule
+        >>> class CharModule(TBPTTModule):
+        ...     def configure_optimizers(self):
+        ...         return torch.optim.Adam(self.parameters(), lr=1e-3)
+        >>> module = CharModule(torch.nn.LSTM(3, 3), torch.nn.functional.mse_loss, k1=5, k2=10, carry_hidden=True)
+        >>> module.automatic_optimization
+        False
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "training_step" in cls.__dict__:
+            raise TypeError(
+                f"{cls.__name__} writes training_step, which TBPTTModule writes itself: it runs the batch's windows "
+                "and optimizer steps. Remove it; to change what a window computes, pass model_fn, loss_fn or "
+                "target_count_fn, and use Lightning's hooks (on_train_batch_end, ...) for the rest."
+            )
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        k1: Any,
+        k2: int | None = None,
+        *,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str = "norm",
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        owned = sorted(set(options) & set(_LIGHTNING_OWNS))
+        if owned:
+            raise ValueError(
+                f"TBPTTModule(..., {owned[0]}=...): Lightning's Trainer owns this here; {_LIGHTNING_OWNS[owned[0]]}."
+            )
+        if gradient_clip_algorithm not in ("norm", "value"):
+            raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}.")
+        self.model, self.loss_fn, self.k1, self.k2 = model, loss_fn, k1, k2
+        self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
+        self.tbptt_options = options
+        self.automatic_optimization = False
+        #: The trainer's process function, made as fit starts (its ``loop`` runs the batches).
+        self.tbptt: TBPTTProcessFunction | None = None
+        self._counts = {"window": 0, "iteration": 0}
+        self._loaded: dict | None = None
+
+    # -- fit's start and end -----------------------------------------------------------------------------------
+    def on_fit_start(self) -> None:
+        """Make the trainer over Lightning's optimizer wrapper; refuse what it cannot train."""
+        if self.automatic_optimization:
+            raise ValueError("TBPTTModule runs under manual optimization: leave automatic_optimization False.")
+        precision = str(self.trainer.precision)
+        if precision not in _PRECISIONS:
+            raise ValueError(
+                f"TBPTTModule trains in 32- or 64-bit precision so far, and the Trainer has precision={precision!r}: "
+                "pass Trainer(precision='32-true'), or train with create_tbptt_trainer(..., scaler=True) or "
+                "autocast_dtype=torch.bfloat16."
+            )
+        optimizer = self.optimizers()
+        if isinstance(optimizer, list):
+            raise ValueError(
+                f"configure_optimizers gave {len(optimizer)} optimizers; TBPTTModule steps one. "
+                "Return one optimizer (several parameter groups if the parameters need other settings)."
+            )
+        self.tbptt = tbptt_training_step(self.model, optimizer, self.loss_fn, self.k1, self.k2, **self.tbptt_options)
+        # Lightning's wrapper steps the optimizer: an inf/NaN decision is read before each step, not handed to it.
+        self.tbptt.optimizer_step.skips_on_device = False
+        self.tbptt.loop.listener = _LightningListener(self, optimizer)
+        self.tbptt.loop.start_run(False)
+        self.tbptt.loop.reset()
+
+    def on_train_start(self) -> None:
+        """Restore the stream's state of a checkpoint Lightning resumed from (its counters are restored by now)."""
+        loaded, self._loaded = self._loaded, None
+        if loaded is None:
+            return
+        step = self._trainer_step()
+        if loaded["state"]["configuration"] != step.configuration():
+            raise ValueError(
+                "the checkpoint was written by a TBPTTModule of another configuration "
+                f"({loaded['state']['configuration']}), this one is {step.configuration()}: resume with the same k1, "
+                "k2, window source, carry_hidden, recompute and gradient_accumulation_steps."
+            )
+        if self.trainer.fit_loop.restarted_mid_epoch:
+            raise ValueError(
+                "resuming TBPTTModule inside an epoch is not supported yet (Lightning iterates a DataLoader again from "
+                "its start): resume from a checkpoint taken at an epoch's end, "
+                "ModelCheckpoint(save_on_train_epoch_end=True)."
+            )
+        self._counts = dict(loaded["counts"])
+        step.loop.load_state_dict(loaded["state"], self._counts["window"])
+        step.optimizer_step.load_state_dict(loaded["state"])
+
+    def on_train_epoch_start(self) -> None:
+        """A new stream per epoch (per batch without ``carry_hidden``)."""
+        self._trainer_step().loop.reset_stream()
+
+    def on_train_epoch_end(self) -> None:
+        """Close a stream the epoch left open (a loader without a length), and step the epoch's schedulers."""
+        loop = self._trainer_step().loop
+        if loop.stream.position > 0:
+            loop.end_stream()
+        self._raise_if_failed()
+        for config in self.trainer.lr_scheduler_configs:
+            if config.interval == "epoch" and (self.current_epoch + 1) % config.frequency == 0:
+                config.scheduler.step()  # type: ignore[call-arg]  # not ReduceLROnPlateau: no monitor here
+
+    # -- the batch ---------------------------------------------------------------------------------------------
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """Run the batch's windows and optimizer steps; the batch's mean loss, logged as ``train_loss``."""
+        loop = self._trainer_step().loop
+        self._counts["iteration"] += 1
+        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+            raise TypeError(
+                f"a TBPTTModule batch is (x, y) or (x, y, starts), each x and y (T, B, *) along time_dim; got "
+                f"{type(batch).__name__}{'' if not isinstance(batch, (tuple, list)) else f' of {len(batch)}'}: have "
+                "the DataLoader's collate_fn, or transfer_batch_to_device, give that layout."
+            )
+        x, y, starts = split_batch(tuple(batch))
+        length, resets = loop.check_batch(x, y, starts)
+        batches = self.trainer.num_training_batches
+        epoch_ends = not math.isinf(batches) and batch_idx + 1 == batches
+        result = loop.run_batch(x, y, length, resets, epoch_ends or not loop.carry_hidden, keep_predictions=False)
+        if epoch_ends and loop.failed is None:  # inside training_step, where Lightning counts the steps
+            loop.end_stream()
+        self._raise_if_failed()
+        loss = result.loss.mean()
+        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
+        self.log("train_windows", float(self._counts["window"]), on_step=True)
+        return loss
+
+    def _raise_if_failed(self) -> None:
+        loop = self._trainer_step().loop
+        loop.collect_failure()
+        if loop.failed is not None:
+            raise loop.failed
+
+    def _trainer_step(self) -> TBPTTProcessFunction:
+        if self.tbptt is None:
+            raise RuntimeError("TBPTTModule trains inside Lightning's Trainer.fit: its trainer is made as fit starts.")
+        return self.tbptt
+
+    # -- checkpoints -------------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Save the stream's state (window counters, accumulated windows, the window source's) with Lightning's."""
+        if self.tbptt is not None:
+            checkpoint["ignite_tbptt"] = {"state": self.tbptt.state_dict(), "counts": dict(self._counts)}
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the stream's state until training starts (:meth:`on_train_start`), after Lightning's own."""
+        self._loaded = checkpoint.get("ignite_tbptt")
+
+
+class _LightningListener:
+    # What the stream loop reports, turned into Lightning's: counters, clipping, schedulers (a LoopListener).
+
+    def __init__(self, module: TBPTTModule, optimizer: Any) -> None:
+        self.module, self.optimizer = module, optimizer
+
+    def window_started(self) -> int:
+        self.module._counts["window"] += 1
+        return self.module._counts["window"]
+
+    def window_closed(self, reach: dict[int, float] | None) -> None:
+        pass
+
+    def targets_processed(self, targets: int) -> None:
+        pass
+
+    def position(self) -> RunPosition:
+        module = self.module
+        batches = module.trainer.num_training_batches
+        length = -1 if math.isinf(batches) else int(batches)
+        counts = module._counts
+        return RunPosition(
+            length, module.current_epoch + 1, counts["iteration"], counts["window"], module.global_step + 1
+        )
+
+    def step_handlers(self) -> Any:
+        raise AssertionError("TBPTTModule runs no step programs")
+
+    def step_started(self, targets: int, in_program: bool = False) -> None:
+        module = self.module
+        if module.gradient_clip_val is not None:  # after the division by the step's targets, as eagerly
+            module.clip_gradients(self.optimizer, module.gradient_clip_val, module.gradient_clip_algorithm)
+
+    def step_completed(self) -> None:
+        module = self.module
+        for config in module.trainer.lr_scheduler_configs:
+            if config.interval == "step" and module.global_step % config.frequency == 0:
+                config.scheduler.step()  # type: ignore[call-arg]  # not ReduceLROnPlateau: no monitor here
+        module.log("lr", self.optimizer.param_groups[0]["lr"], on_step=True)
+
+    def window_completed(self, window: Any) -> None:
+        pass

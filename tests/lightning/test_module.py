@@ -1,0 +1,225 @@
+"""TBPTTModule: Lightning's Trainer trains what create_tbptt_trainer trains, bit for bit, on the same data.
+
+Each test trains the same float64 model twice, with ignite's trainer and with a TBPTTModule on Lightning's Trainer,
+and compares the parameters with ``torch.equal``: the same stream loop runs in both. One test compares with the
+brute-force TBPTT of ``tests/reference.py``, which shares no code with the package.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("lightning")
+
+from lightning.pytorch import Trainer  # noqa: E402
+from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
+from torch.nn.functional import mse_loss  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+
+from ignite_tbptt import RandomWindows, TBPTTEvents, count_targets, create_tbptt_trainer  # noqa: E402
+from ignite_tbptt.lightning import TBPTTModule  # noqa: E402
+
+from ..reference import Net, reference_train  # noqa: E402
+
+
+class SGDModule(TBPTTModule):
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+
+def batches(count=4, length=20, columns=3, seed=0, starts=False, padding=False):
+    g = torch.Generator().manual_seed(seed)
+    data = []
+    for _ in range(count):
+        x = torch.randn(length, columns, 3, generator=g, dtype=torch.float64)
+        y = torch.randn(length, columns, 4, generator=g, dtype=torch.float64)
+        if padding:
+            y[3:9, 0] = float("nan")
+        batch = (x, y)
+        if starts:
+            batch += (torch.rand(length, columns, generator=g) < 0.08,)
+        data.append(batch)
+    return data
+
+
+def masked_mse(y_pred, y):
+    keep = ~torch.isnan(y)
+    return mse_loss(y_pred[keep], y[keep])
+
+
+def lightning_trainer(epochs=2, **kwargs):
+    options = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
+    return Trainer(max_epochs=epochs, accelerator="cpu", devices=1, enable_model_summary=False, **{**options, **kwargs})
+
+
+def trained_by_ignite(data, k1, k2, epochs=2, loss=mse_loss, handlers=(), **options):
+    torch.manual_seed(1)
+    model = Net().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = create_tbptt_trainer(model, optimizer, loss, k1, k2, **options)
+    for attach in handlers:
+        attach(trainer, model, optimizer)
+    trainer.run(data, max_epochs=epochs)
+    return model, trainer
+
+
+def trained_by_lightning(data, k1, k2, epochs=2, loss=mse_loss, module=SGDModule, **options):
+    torch.manual_seed(1)
+    model = Net().double()
+    lit = module(model, loss, k1, k2, **options)
+    trainer = lightning_trainer(epochs)
+    trainer.fit(lit, train_dataloaders=DataLoader(data, batch_size=None))
+    return model, trainer
+
+
+def assert_equal_parameters(a, b):
+    for p, q in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+CASES = {
+    "k1 = k2": (5, 5, {}),
+    "k2 > k1, a multiple": (5, 10, {}),
+    "k2 > k1, not a multiple": (5, 7, {}),
+    "per token": (1, 8, {}),
+    "k2 < k1": (6, 2, {}),
+    "accumulation": (5, 10, {"gradient_accumulation_steps": 3}),
+    "a stream a batch": (4, 8, {"carry_hidden": False}),
+    "random windows": (lambda: RandomWindows(5, 5, seed=3), None, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_lightning_trains_what_ignites_trainer_trains(case):
+    k1, k2, options = CASES[case]
+    options = {"carry_hidden": True, **options}
+    data = batches()
+    eager, ignite = trained_by_ignite(data, k1() if callable(k1) else k1, k2, **options)
+    lit, lightning = trained_by_lightning(data, k1() if callable(k1) else k1, k2, **options)
+    assert_equal_parameters(eager, lit)
+    # global_step counts optimizer steps, as ignite's optimizer_step does.
+    assert lightning.global_step == ignite.state.optimizer_step > 0
+
+
+def test_sequence_starts_and_padding_with_target_counts():
+    data = batches(starts=True, padding=True)
+    options = {"carry_hidden": True, "target_count_fn": lambda y_pred, y: count_targets(y[..., 0]) * 4}
+    eager, _ = trained_by_ignite(data, 4, 6, loss=masked_mse, **options)
+    lit, _ = trained_by_lightning(data, 4, 6, loss=masked_mse, **options)
+    assert_equal_parameters(eager, lit)
+
+
+def test_the_parameters_equal_brute_force_tbptt():
+    data = batches(count=3, length=12)
+    torch.manual_seed(1)
+    model = Net().double()
+    reference_train(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9),
+        mse_loss,
+        data,
+        3,
+        7,
+        carry_hidden=True,
+        epochs=2,
+    )
+    lit, _ = trained_by_lightning(data, 3, 7, carry_hidden=True)
+    for p, q in zip(model.parameters(), lit.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=1e-12, atol=1e-12)
+
+
+def test_clipping_once_per_optimizer_step_after_the_division():
+    from ignite_tbptt import GradientClipping
+
+    def clip(trainer, model, optimizer):
+        GradientClipping(model, max_norm=0.05).attach(trainer)
+
+    data = batches()
+    eager, _ = trained_by_ignite(data, 5, 10, carry_hidden=True, handlers=[clip], gradient_accumulation_steps=2)
+    lit, _ = trained_by_lightning(data, 5, 10, carry_hidden=True, gradient_clip_val=0.05, gradient_accumulation_steps=2)
+    assert_equal_parameters(eager, lit)
+
+
+class ScheduledModule(TBPTTModule):
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def test_a_scheduler_of_interval_step_steps_after_every_optimizer_step():
+    def schedule(trainer, model, optimizer):
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        trainer.add_event_handler(TBPTTEvents.OPTIMIZER_STEP_COMPLETED, lambda _: scheduler.step())
+
+    data = batches()
+    eager, _ = trained_by_ignite(data, 5, 10, carry_hidden=True, handlers=[schedule])
+    lit, lightning = trained_by_lightning(data, 5, 10, carry_hidden=True, module=ScheduledModule)
+    assert_equal_parameters(eager, lit)
+    assert lightning.optimizers[0].param_groups[0]["lr"] == 0.1 * 0.5 ** (lightning.global_step // 3)
+
+
+def test_resuming_at_an_epoch_boundary_gives_the_uninterrupted_run(tmp_path):
+    # Random windows (their generator in the checkpoint), k2 > k1, and three windows a step: the epoch's leftover
+    # windows are applied at its end, and the next epoch's windows continue the source's draws.
+    data = batches()
+    options = {"carry_hidden": True, "gradient_accumulation_steps": 3}
+
+    def module():
+        torch.manual_seed(1)
+        return SGDModule(Net().double(), mse_loss, RandomWindows(4, 7, seed=5), **options)
+
+    uninterrupted = module()
+    lightning_trainer(3).fit(uninterrupted, train_dataloaders=DataLoader(data, batch_size=None))
+    first = module()
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, save_last=True)
+    lightning_trainer(1, enable_checkpointing=True, callbacks=[checkpoints]).fit(
+        first, train_dataloaders=DataLoader(data, batch_size=None)
+    )
+    torch.manual_seed(2)  # another initialisation: the checkpoint restores it all
+    resumed = SGDModule(Net().double(), mse_loss, RandomWindows(4, 7, seed=5), **options)
+    trainer = lightning_trainer(3)
+    trainer.fit(resumed, train_dataloaders=DataLoader(data, batch_size=None), ckpt_path=tmp_path / "last.ckpt")
+    assert_equal_parameters(uninterrupted, resumed)
+    assert resumed._counts == uninterrupted._counts
+
+
+def test_resuming_inside_an_epoch_is_refused(tmp_path):
+    data = batches()
+    first = SGDModule(Net().double(), mse_loss, 5, 10, carry_hidden=True)
+    checkpoints = ModelCheckpoint(
+        dirpath=tmp_path, every_n_train_steps=2, save_on_train_epoch_end=False, save_last=True
+    )
+    lightning_trainer(1, enable_checkpointing=True, callbacks=[checkpoints], max_steps=6).fit(
+        first, train_dataloaders=DataLoader(data, batch_size=None)
+    )
+    resumed = SGDModule(Net().double(), mse_loss, 5, 10, carry_hidden=True)
+    with pytest.raises(ValueError, match=r"inside an epoch is not supported yet.*save_on_train_epoch_end=True"):
+        lightning_trainer(2).fit(
+            resumed, train_dataloaders=DataLoader(data, batch_size=None), ckpt_path=tmp_path / "last.ckpt"
+        )
+
+
+def test_what_the_module_cannot_take_is_refused_with_the_fix():
+    with pytest.raises(TypeError, match=r"writes training_step, which TBPTTModule writes itself"):
+
+        class Overriding(TBPTTModule):
+            def training_step(self, batch, batch_idx):
+                return None
+
+    with pytest.raises(ValueError, match=r"scaler=...\): Lightning's Trainer owns this here; Trainer\(precision"):
+        SGDModule(Net(), mse_loss, 5, scaler=True)
+    with pytest.raises(ValueError, match=r"cuda_graphs=...\): Lightning's Trainer owns this"):
+        SGDModule(Net(), mse_loss, 5, cuda_graphs=True)
+
+    class TwoOptimizers(TBPTTModule):
+        def configure_optimizers(self):
+            return [torch.optim.SGD(self.parameters(), lr=0.1), torch.optim.SGD(self.parameters(), lr=0.1)]
+
+    data = DataLoader(batches(count=1), batch_size=None)
+    with pytest.raises(ValueError, match=r"gave 2 optimizers; .* Return one optimizer"):
+        lightning_trainer(1).fit(TwoOptimizers(Net().double(), mse_loss, 5), train_dataloaders=data)
+    with pytest.raises(ValueError, match=r"precision='bf16-mixed'.*Trainer\(precision='32-true'\)"):
+        lightning_trainer(1, precision="bf16-mixed").fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=data)
+    loose = DataLoader([torch.zeros(20, 3, 3)], batch_size=None)
+    with pytest.raises(TypeError, match=r"batch is \(x, y\) or \(x, y, starts\).*got Tensor"):
+        lightning_trainer(1).fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=loose)
