@@ -10,7 +10,7 @@ README = (ROOT / "README.md").read_text(encoding="utf-8")
 # Each figure the README keeps, and the page that gives it with the command that regenerates it.
 FIGURES = {
     "2.107-2.152 after one epoch and 1.976-2.020 after two": "docs/examples/char_lm.md",
-    "47-57 s on 2 quiet cores": "docs/examples/char_lm.md",
+    "38-57 s on 2 quiet cores": "docs/examples/char_lm.md",
     "5-9 min on 2 cores, 2 workers": "docs/howto/tests.md",
 }
 

@@ -34,7 +34,7 @@ from .checkpoint import check_resume, configuration, source_type
 from .events import COUNTERS, EventFiring, TBPTTEvents, register_tbptt_events
 from .optimizer_step import OptimizerStep, RunPosition
 from .state import tbptt_state
-from .stream_loop import CompletedWindow, StreamLoop
+from .stream_loop import BatchResult, CompletedWindow, StreamLoop
 
 __all__ = ["TBPTTProcessFunction"]
 
@@ -313,16 +313,9 @@ class TBPTTProcessFunction:
             self._attach_late(engine)
         self._raise_if_failed()
         loop = self.loop
-        x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
-        length, resets = loop.check_batch(x, y, starts)
-        if self._first_batch:
-            self._first_batch = False
-            if self._padding_unchecked:
-                self._check_padding(y)
         epoch_length = engine.state.epoch_length
         epoch_ends = epoch_length is not None and engine.state.iteration % epoch_length == 0
-        ends_stream = epoch_ends or not loop.carry_hidden  # without carry_hidden, every batch is a stream
-        result = loop.run_batch(x, y, length, resets, ends_stream, keep_predictions=self.output_transform is not None)
+        x, y, result = self.train_batch(batch, epoch_ends)
         if epoch_ends and loop.failed is None:
             self.end_epoch(engine)
         loop.collect_failure()
@@ -335,6 +328,27 @@ class TBPTTProcessFunction:
                 self._check_padding(y)
             return value
         return self.output_transform(x, y, join_along(result.predictions, self.layout.time_dim), loss)
+
+    def train_batch(self, batch: Sequence[Any], epoch_ends: bool) -> tuple[Any, Any, BatchResult]:
+        """Run one batch's segments, windows and optimizer steps, without ending the epoch.
+
+        Ignite's iteration and :class:`~ignite_tbptt.lightning.TBPTTModule`'s ``training_step`` both run it.
+        ``epoch_ends``: the batch is its epoch's last, where the stream ends (every batch ends one without
+        ``carry_hidden``). Returns the batch's ``x`` and ``y`` as prepared, and what the loop gave.
+
+        Raises:
+            TypeError, ValueError: a batch that does not fit, before anything changes.
+        """
+        loop = self.loop
+        x, y, starts = split_batch(self.prepare_batch(batch, device=self.device, non_blocking=self.non_blocking))
+        length, resets = loop.check_batch(x, y, starts)
+        if self._first_batch:
+            self._first_batch = False
+            if self._padding_unchecked:
+                self._check_padding(y)
+        ends_stream = epoch_ends or not loop.carry_hidden  # without carry_hidden, every batch is a stream
+        keep = self.output_transform is not None
+        return x, y, loop.run_batch(x, y, length, resets, ends_stream, keep_predictions=keep)
 
     def _check_padding(self, y: Any) -> None:
         if not isinstance(y, torch.Tensor):

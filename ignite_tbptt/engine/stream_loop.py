@@ -335,8 +335,8 @@ class StreamLoop:
     def close_window(self, end: int, stream_continues: bool, swept: bool = False) -> None:
         """Backpropagate the open window, which ends at ``end``, and take the optimizer step if it is due.
 
-        ``swept``: a window program ran the window and its backward pass; only what no later window reaches is
-        dropped.
+        ``swept``: a window program ran the window and its backward pass; the retained segments before it are dropped
+        (no window reaches into a program's, nor a program's window back: k2 = k1).
         """
         stream, executor, listener = self.stream, self.executor, self.listener
         plan = self.walk.close(end, stream_continues)

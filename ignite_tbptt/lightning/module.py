@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 
-from ..data.batch import split_batch
 from ..engine import TBPTTProcessFunction, tbptt_training_step
 from ..engine.optimizer_step import RunPosition
 
@@ -190,7 +189,7 @@ class TBPTTModule(LightningModule):
     # -- the batch ---------------------------------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         """Run the batch's windows and optimizer steps; the batch's mean loss, logged as ``train_loss``."""
-        loop = self._trainer_step().loop
+        step = self._trainer_step()
         self._counts["iteration"] += 1
         if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
             raise TypeError(
@@ -198,13 +197,11 @@ class TBPTTModule(LightningModule):
                 f"{type(batch).__name__}{'' if not isinstance(batch, (tuple, list)) else f' of {len(batch)}'}: have "
                 "the DataLoader's collate_fn, or transfer_batch_to_device, give that layout."
             )
-        x, y, starts = split_batch(tuple(batch))
-        length, resets = loop.check_batch(x, y, starts)
         batches = self.trainer.num_training_batches
         epoch_ends = not math.isinf(batches) and batch_idx + 1 == batches
-        result = loop.run_batch(x, y, length, resets, epoch_ends or not loop.carry_hidden, keep_predictions=False)
-        if epoch_ends and loop.failed is None:  # inside training_step, where Lightning counts the steps
-            loop.end_stream()
+        _, _, result = step.train_batch(batch, epoch_ends)
+        if epoch_ends and step.loop.failed is None:  # inside training_step, where Lightning counts the steps
+            step.loop.end_stream()
         self._raise_if_failed()
         loss = result.loss.mean()
         self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)

@@ -223,3 +223,9 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
     loose = DataLoader([torch.zeros(20, 3, 3)], batch_size=None)
     with pytest.raises(TypeError, match=r"batch is \(x, y\) or \(x, y, starts\).*got Tensor"):
         lightning_trainer(1).fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=loose)
+
+
+def test_padding_without_target_counts_is_warned_of_as_under_ignite():
+    # The same batch handling as ignite's trainer: targets with padding and no target_count_fn are named.
+    with pytest.warns(UserWarning, match=r"the targets hold padding \(24 of 240 .* Pass target_count_fn=count_targets"):
+        trained_by_lightning(batches(padding=True), 5, 5, loss=masked_mse, carry_hidden=True)
