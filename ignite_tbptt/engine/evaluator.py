@@ -16,7 +16,84 @@ from ..layout import Layout
 from ..planning import Schedule, SegmentPlan, walk
 from ..runtime import build_model_call, default_model_fn, default_reset_hidden, join_along
 
-__all__ = ["create_tbptt_evaluator"]
+__all__ = ["create_tbptt_evaluator", "StreamEvaluation"]
+
+
+class StreamEvaluation:
+    """The model over one batch of a stream, without gradients, the hidden state carried to the next batch.
+
+    What :func:`create_tbptt_evaluator` runs for each batch, and Lightning's ``validation_step`` of
+    :class:`~ignite_tbptt.lightning.TBPTTModule`: the trainer's model call (the same reset at sequence starts, under
+    the same autocast, with the same checks), over the segments of TBPTT(L, L), ``L = segment_length``. Arguments
+    as :func:`create_tbptt_evaluator`'s.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        time_dim: int = 0,
+        carry_hidden: bool = False,
+        segment_length: int | None = None,
+        device: str | torch.device | None = None,
+        model_fn: Callable[[Any, Any, Any], tuple[Any, Any]] = default_model_fn,
+        autocast_dtype: torch.dtype | None = None,
+        reset_hidden: Callable[[Any, torch.Tensor], Any] = default_reset_hidden,
+        module_state: Sequence[str] | None = None,
+        initial_state: Callable[[int], Any] | None = None,
+    ) -> None:
+        if segment_length is not None:
+            positive_int("segment_length", segment_length, "steps per model call")
+        self.model, self.carry_hidden, self.segment_length = model, carry_hidden, segment_length
+        self.layout = layout = Layout.of(time_dim)
+        self.model_call = build_model_call(
+            model,
+            model_fn,
+            device=device,
+            autocast_dtype=autocast_dtype,
+            reset_hidden=reset_hidden,
+            module_state=module_state,
+            initial_state=initial_state,
+            layout=layout,
+        )
+        #: The hidden state at the end of the last batch (``None`` at a stream's start).
+        self.hidden: Any = None
+
+    def reset(self) -> None:
+        """Start a new stream: the next batch starts from the initial state."""
+        self.hidden = None
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor, starts: Any = None) -> Any:
+        """``y_pred`` of the batch ``x`` (``(T, B, *)`` along ``time_dim``), joined along the time dimension.
+
+        The model runs in ``eval()`` mode and is left in the mode it was found in (a trainer's handler may evaluate
+        mid-batch). ``starts``: a ``(T, B)`` bool tensor of the steps where a column starts a sequence, or ``None``.
+        """
+        training = self.model.training
+        self.model.eval()
+        try:
+            y_preds = self._run_pieces(x, starts)
+        finally:
+            self.model.train(training)
+        return join_along(y_preds, self.layout.time_dim)
+
+    def _run_pieces(self, x: torch.Tensor, starts: Any) -> list[Any]:
+        layout = self.layout
+        hidden = self.hidden if self.carry_hidden else None
+        length = layout.length(x)
+        resets = {} if starts is None else resets_by_step(starts, x, layout)
+        # The segments of the trainer's TBPTT(L, L) over the batch: pieces end every L steps and where some column
+        # starts a sequence.
+        windows = Schedule(self.segment_length or length, self.segment_length or length)
+        walked = walk(windows, length, sequence_starts=resets)
+        pieces = [(p.plan.start, p.plan.end) for p in walked if isinstance(p.plan, SegmentPlan)]
+        y_preds = []
+        for start, end in pieces:
+            y_pred, hidden = self.model_call(layout.steps(x, start, end), hidden, starts=resets.get(start))
+            y_preds.append(y_pred)
+        self.hidden = hidden
+        return y_preds
 
 
 def create_tbptt_evaluator(
@@ -85,51 +162,25 @@ def create_tbptt_evaluator(
         >>> list(state.metrics)
         ['bits']
     """
-    if segment_length is not None:
-        positive_int("segment_length", segment_length, "steps per model call")
-    layout = Layout.of(time_dim)
-    # The trainer's model call: the same reset at sequence starts, under the same autocast, with the same checks.
-    model_call = build_model_call(
+    evaluation = StreamEvaluation(
         model,
-        model_fn,
+        time_dim=time_dim,
+        carry_hidden=carry_hidden,
+        segment_length=segment_length,
         device=device,
+        model_fn=model_fn,
         autocast_dtype=autocast_dtype,
         reset_hidden=reset_hidden,
         module_state=module_state,
         initial_state=initial_state,
-        layout=layout,
     )
-    stream: dict[str, Any] = {"hidden": None}
 
-    def run_pieces(x: torch.Tensor, starts: Any) -> list[Any]:
-        hidden = stream["hidden"] if carry_hidden else None
-        length = layout.length(x)
-        resets = {} if starts is None else resets_by_step(starts, x, layout)
-        # The segments of the trainer's TBPTT(L, L) over the batch, L = segment_length: pieces end every L steps
-        # and where some column starts a sequence.
-        windows = Schedule(segment_length or length, segment_length or length)
-        walked = walk(windows, length, sequence_starts=resets)
-        pieces = [(p.plan.start, p.plan.end) for p in walked if isinstance(p.plan, SegmentPlan)]
-        y_preds = []
-        for start, end in pieces:
-            y_pred, hidden = model_call(layout.steps(x, start, end), hidden, starts=resets.get(start))
-            y_preds.append(y_pred)
-        stream["hidden"] = hidden
-        return y_preds
-
-    @torch.no_grad()
     def evaluate(engine: Engine, batch: Sequence[Any]) -> Any:
-        training = model.training  # restored after the batch: a trainer's handler may evaluate mid-batch
-        model.eval()
-        try:
-            x, y, starts = split_batch(prepare_batch(batch, device=device, non_blocking=non_blocking))
-            y_preds = run_pieces(x, starts)
-        finally:
-            model.train(training)
-        return output_transform(x, y, join_along(y_preds, layout.time_dim))
+        x, y, starts = split_batch(prepare_batch(batch, device=device, non_blocking=non_blocking))
+        return output_transform(x, y, evaluation(x, starts))
 
     evaluator = Engine(evaluate)
-    evaluator.add_event_handler(Events.EPOCH_STARTED, lambda _: stream.update(hidden=None))
+    evaluator.add_event_handler(Events.EPOCH_STARTED, lambda _: evaluation.reset())
     for name, metric in (metrics or {}).items():
         metric.attach(evaluator, name)
     return evaluator

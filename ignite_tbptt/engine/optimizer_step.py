@@ -90,6 +90,11 @@ class OptimizerStep:
         self.targets = 0  # their target count
         self.backward_mean = False  # their one window backpropagated its mean loss: the gradients are divided
         self.distributed = False  # whether gradients are summed over processes, set when a run starts
+        #: The optimizer is a wrapper whose own step unscales, checks, steps through the scaler and updates it
+        #: (Lightning's ``LightningOptimizer`` under its mixed-precision plugin): :meth:`prepare` then only divides
+        #: the scaled gradients (by a power of two the unscaling is exact, so the order changes no bit), and
+        #: :meth:`apply` tells a skipped step by the scale's backoff.
+        self.scaler_in_step = False
         # Without a scaler: whether the optimizer skips a step on the device, given optimizer.found_inf.
         self.skips_on_device = scaler is None and skips_on_device(optimizer)
         # torch's own zero_grad() only sets each gradient to None, inside a profiler range and a guard against
@@ -180,7 +185,10 @@ class OptimizerStep:
         if handlers is not None and self._in_program(divisor, handlers, position):
             return targets
         grads = gradients_of(self.optimizer)
-        if self.scaler is not None:  # the scaler checks them while unscaling
+        if self.scaler is not None and self.scaler_in_step:
+            if divisor != 1 and grads:
+                torch._foreach_div_(grads, divisor)
+        elif self.scaler is not None:  # the scaler checks them while unscaling
             unscale_and_divide(self.optimizer, self.scaler, grads, divisor)
         elif grads:
             if self.skips_on_device and not (self.reads_cpu_decisions and grads[0].is_cpu):
@@ -258,6 +266,12 @@ class OptimizerStep:
                 self._found_inf.append((found.clone(), position))
             # With a scaler, whether it skipped the step: one read, as the eager step reads it.
             return skipped is not None and bool(skipped.item())
+        if self.scaler is not None and self.scaler_in_step:
+            # update() multiplies the scale by backoff_factor < 1 after a skipped step only (growth_factor > 1).
+            before = self.scaler._scale.clone() if self.scaler._scale is not None else None
+            self.optimizer.step()
+            after = self.scaler._scale
+            return before is not None and after is not None and bool((after < before).item())
         due, self._due = self._due, None
         skipped = step_optimizer(self.optimizer, self.scaler, due)  # with a scaler: whether it skipped, one read
         return skipped is not None and bool(skipped.item())

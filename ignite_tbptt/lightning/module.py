@@ -20,9 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.pytorch import Callback, LightningModule
 
+from ..data import count_targets
+from ..data.batch import split_batch
 from ..engine import TBPTTProcessFunction, tbptt_training_step
+from ..engine.evaluator import StreamEvaluation
 from ..engine.optimizer_step import RunPosition
 
 __all__ = ["TBPTTModule"]
@@ -33,11 +36,14 @@ _LIGHTNING_OWNS = {
     "non_blocking": "Trainer moves the batches",
     "prepare_batch": "LightningModule.transfer_batch_to_device or the DataLoader's collate_fn",
     "output_transform": "training_step returns the batch's mean loss, logged as train_loss",
-    "scaler": "Trainer(precision=...) (only 32- and 64-bit precision so far)",
-    "autocast_dtype": "Trainer(precision=...) (only 32- and 64-bit precision so far)",
+    "scaler": "Trainer(precision='16-mixed') scales with the GradScaler of Lightning's precision plugin",
+    "autocast_dtype": "Trainer(precision='16-mixed') or 'bf16-mixed' runs training_step under torch.autocast",
     "cuda_graphs": "nothing yet: CUDA graphs are the ignite trainer's (create_tbptt_trainer)",
 }
-_PRECISIONS = {"32-true", "64-true", "32", "64"}
+#: Trainer precisions trained as create_tbptt_trainer trains them: full precision, or torch.autocast with (for
+#: 16-mixed) the plugin's GradScaler scaling each backward pass.
+_PRECISIONS = {"32-true", "64-true", "32", "64", "16-mixed", "bf16-mixed"}
+_AUTOCAST = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
 
 
 class TBPTTModule(LightningModule):
@@ -52,10 +58,16 @@ class TBPTTModule(LightningModule):
     Lightning's machinery, where this uses it: every optimizer step through ``self.optimizers()``
     (``trainer.global_step`` counts optimizer steps, ``max_steps`` and ``every_n_train_steps`` with it); gradient
     clipping through ``self.clip_gradients`` once per optimizer step, after the division by the step's target count
-    (the ``Trainer`` refuses ``gradient_clip_val`` under manual optimization: pass it here); learning-rate schedulers
-    from ``configure_optimizers`` stepped per optimizer step (``"interval": "step"``) or per epoch, every
-    ``"frequency"``; ``self.log`` of the batch's mean loss (``train_loss``), the windows and the learning rate; the
-    stream's state (window counters, accumulated windows, the window source's state) in Lightning's checkpoint.
+    (the ``Trainer`` refuses ``gradient_clip_val`` under manual optimization: pass it here), in Lightning's
+    ``on_before_optimizer_step`` of a callback from :meth:`configure_callbacks`, after the unscaling;
+    ``precision="16-mixed"`` and ``"bf16-mixed"`` as ``create_tbptt_trainer(..., autocast_dtype=...)`` trains (each
+    model call and its loss under autocast; with 16-mixed, each backward pass scaled by the precision plugin's
+    ``GradScaler``, whose step skips inf/NaN steps); learning-rate schedulers from ``configure_optimizers`` stepped
+    per optimizer step (``"interval": "step"``) or per epoch, every ``"frequency"``; ``self.log`` of the batch's
+    mean loss (``train_loss``), the windows, the learning rate and the gradient norm before clipping
+    (``grad_norm``); validation through :func:`~ignite_tbptt.create_tbptt_evaluator`'s stream evaluation, the state
+    carried along the validation stream, ``val_loss`` the mean over its targets; the stream's state (window
+    counters, accumulated windows, the window source's state) in Lightning's checkpoint.
 
     Args:
         model: ``y_pred, hidden = model(x, hidden)``, as :func:`~ignite_tbptt.create_tbptt_trainer` takes it.
@@ -73,9 +85,9 @@ class TBPTTModule(LightningModule):
             ``(x, y)`` or ``(x, y, starts)``.
         ValueError: as the module is made, for an option Lightning's ``Trainer`` owns here (``device``, ``scaler``,
             ``cuda_graphs``, ...), named with what replaces it; as fit starts, for several optimizers, a precision
-            other than 32- or 64-bit, ``automatic_optimization`` set back to True, or a checkpoint of another
-            configuration or taken inside an epoch; and as :func:`~ignite_tbptt.create_tbptt_trainer` raises for
-            its options.
+            other than 32- or 64-bit, 16-mixed or bf16-mixed, ``automatic_optimization`` set back to True,
+            ``configure_callbacks`` without the module's callback, or a checkpoint of another configuration or
+            taken inside an epoch; and as :func:`~ignite_tbptt.create_tbptt_trainer` raises for its options.
 
     Examples:
         >>> import torch
@@ -124,6 +136,9 @@ class TBPTTModule(LightningModule):
         self.tbptt: TBPTTProcessFunction | None = None
         self._counts = {"window": 0, "iteration": 0}
         self._loaded: dict | None = None
+        #: Validation: the evaluator's batch, the hidden state carried along the validation stream as in training
+        #: (made as each validation epoch starts, under the Trainer's precision).
+        self.evaluation: StreamEvaluation | None = None
 
     # -- fit's start and end -----------------------------------------------------------------------------------
     def on_fit_start(self) -> None:
@@ -133,9 +148,14 @@ class TBPTTModule(LightningModule):
         precision = str(self.trainer.precision)
         if precision not in _PRECISIONS:
             raise ValueError(
-                f"TBPTTModule trains in 32- or 64-bit precision so far, and the Trainer has precision={precision!r}: "
-                "pass Trainer(precision='32-true'), or train with create_tbptt_trainer(..., scaler=True) or "
-                "autocast_dtype=torch.bfloat16."
+                f"TBPTTModule trains in 32- or 64-bit precision or under torch.autocast, and the Trainer has "
+                f"precision={precision!r}: pass Trainer(precision='32-true'), '16-mixed' or 'bf16-mixed'."
+            )
+        callbacks = self.trainer.callbacks  # type: ignore[attr-defined]  # a property Lightning adds to Trainer
+        if not any(isinstance(callback, _BeforeOptimizerStep) for callback in callbacks):
+            raise ValueError(
+                "configure_callbacks of this TBPTTModule leaves out the one TBPTTModule gives (it clips the gradients "
+                "and logs their norm in each optimizer step): return super().configure_callbacks() + [yours]."
             )
         optimizer = self.optimizers()
         if isinstance(optimizer, list):
@@ -143,9 +163,22 @@ class TBPTTModule(LightningModule):
                 f"configure_optimizers gave {len(optimizer)} optimizers; TBPTTModule steps one. "
                 "Return one optimizer (several parameter groups if the parameters need other settings)."
             )
-        self.tbptt = tbptt_training_step(self.model, optimizer, self.loss_fn, self.k1, self.k2, **self.tbptt_options)
+        # 16-mixed: each backward pass is scaled by the plugin's GradScaler, whose step (in the wrapper's) unscales,
+        # skips a step of inf/NaN gradients and updates the scale. training_step runs under the plugin's autocast.
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        self.tbptt = tbptt_training_step(
+            self.model,
+            optimizer,
+            self.loss_fn,
+            self.k1,
+            self.k2,
+            scaler=scaler or False,
+            autocast_dtype=self._autocast_dtype(),
+            **self.tbptt_options,
+        )
         # Lightning's wrapper steps the optimizer: an inf/NaN decision is read before each step, not handed to it.
         self.tbptt.optimizer_step.skips_on_device = False
+        self.tbptt.optimizer_step.scaler_in_step = scaler is not None
         self.tbptt.loop.listener = _LightningListener(self, optimizer)
         self.tbptt.loop.start_run(False)
         self.tbptt.loop.reset()
@@ -191,15 +224,11 @@ class TBPTTModule(LightningModule):
         """Run the batch's windows and optimizer steps; the batch's mean loss, logged as ``train_loss``."""
         step = self._trainer_step()
         self._counts["iteration"] += 1
-        if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
-            raise TypeError(
-                f"a TBPTTModule batch is (x, y) or (x, y, starts), each x and y (T, B, *) along time_dim; got "
-                f"{type(batch).__name__}{'' if not isinstance(batch, (tuple, list)) else f' of {len(batch)}'}: have "
-                "the DataLoader's collate_fn, or transfer_batch_to_device, give that layout."
-            )
+        _split(batch)
         batches = self.trainer.num_training_batches
         epoch_ends = not math.isinf(batches) and batch_idx + 1 == batches
-        _, _, result = step.train_batch(batch, epoch_ends)
+        with self._without_lightnings_autocast():
+            _, _, result = step.train_batch(batch, epoch_ends)
         if epoch_ends and step.loop.failed is None:  # inside training_step, where Lightning counts the steps
             step.loop.end_stream()
         self._raise_if_failed()
@@ -207,6 +236,43 @@ class TBPTTModule(LightningModule):
         self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
         self.log("train_windows", float(self._counts["window"]), on_step=True)
         return loss
+
+    def configure_callbacks(self) -> list[Callback]:
+        """The callback that clips the gradients and logs their norm inside each optimizer step (keep it)."""
+        return [_BeforeOptimizerStep()]
+
+    def on_validation_epoch_start(self) -> None:
+        """A new validation stream: its first batch starts from the initial state."""
+        shared = ("time_dim", "carry_hidden", "model_fn", "reset_hidden", "module_state", "initial_state")
+        options = {name: self.tbptt_options[name] for name in shared if name in self.tbptt_options}
+        self.evaluation = StreamEvaluation(self.model, autocast_dtype=self._autocast_dtype(), **options)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """The batch's mean loss per target, logged as ``val_loss`` weighted by its target count.
+
+        Over the epoch, ``val_loss`` is the mean over its targets; with ``carry_hidden`` the hidden state is carried
+        to the next batch, as in training.
+        """
+        x, y, starts = _split(batch)
+        assert self.evaluation is not None, "made as the validation epoch starts"
+        # Lightning validates under inference_mode, whose tensors have no version counter for the model call's
+        # check that a model changes no state in place: no_grad instead, as create_tbptt_evaluator runs.
+        with self._without_lightnings_autocast(), torch.inference_mode(False):
+            y_pred = self.evaluation(x.clone() if x.is_inference() else x, starts)
+        count = self.tbptt_options.get("target_count_fn")
+        targets = int(count(y_pred, y) if count is not None else count_targets(y))
+        loss = self.loss_fn(y_pred, y)
+        if targets:  # a batch of padding only adds nothing, not its NaN mean
+            self.log("val_loss", loss, prog_bar=True, on_epoch=True, batch_size=targets)
+        return loss
+
+    def _autocast_dtype(self) -> torch.dtype | None:
+        # The mixed-precision plugin's autocast dtype, for the trainer's own autocast: around each model call and
+        # its loss, as create_tbptt_trainer(..., autocast_dtype=...) runs them, not around the whole batch.
+        return _AUTOCAST.get(str(self.trainer.precision))
+
+    def _without_lightnings_autocast(self) -> Any:
+        return torch.autocast(self.device.type, enabled=False)
 
     def _raise_if_failed(self) -> None:
         loop = self._trainer_step().loop
@@ -259,12 +325,13 @@ class _LightningListener:
         raise AssertionError("TBPTTModule runs no step programs")
 
     def step_started(self, targets: int, in_program: bool = False) -> None:
-        module = self.module
-        if module.gradient_clip_val is not None:  # after the division by the step's targets, as eagerly
-            module.clip_gradients(self.optimizer, module.gradient_clip_val, module.gradient_clip_algorithm)
+        pass  # clipping waits for the gradients unscaled, inside the step: _BeforeOptimizerStep
 
     def step_completed(self) -> None:
         module = self.module
+        # Inside Lightning's autocast (mixed precision) the trainer's own never is the outermost, so the weights it
+        # cast stay cached until training_step ends: the step changed them.
+        torch.clear_autocast_cache()
         for config in module.trainer.lr_scheduler_configs:
             if config.interval == "step" and module.global_step % config.frequency == 0:
                 config.scheduler.step()  # type: ignore[call-arg]  # not ReduceLROnPlateau: no monitor here
@@ -272,3 +339,26 @@ class _LightningListener:
 
     def window_completed(self, window: Any) -> None:
         pass
+
+
+class _BeforeOptimizerStep(Callback):
+    # Lightning's point where a step's gradients are final: divided by the step's target count, unscaled (16-mixed),
+    # before the scaler decides on the step. The gradient norm is logged there, and the gradients clipped.
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        if grads:
+            pl_module.log("grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True)
+        if pl_module.gradient_clip_val is not None:
+            pl_module.clip_gradients(optimizer, pl_module.gradient_clip_val, pl_module.gradient_clip_algorithm)
+
+
+def _split(batch: Any) -> tuple[Any, Any, Any]:
+    # (x, y, starts) of a batch, or the error naming the layout and where to make it.
+    if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+        raise TypeError(
+            f"a TBPTTModule batch is (x, y) or (x, y, starts), each x and y (T, B, *) along time_dim; got "
+            f"{type(batch).__name__}{'' if not isinstance(batch, (tuple, list)) else f' of {len(batch)}'}: have "
+            "the DataLoader's collate_fn, or transfer_batch_to_device, give that layout."
+        )
+    return split_batch(batch)

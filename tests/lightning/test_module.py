@@ -199,6 +199,105 @@ def test_resuming_inside_an_epoch_is_refused(tmp_path):
         )
 
 
+def trained_in_mixed_precision(data, trainer, **options):
+    # float32: autocast leaves float64 alone.
+    torch.manual_seed(1)
+    model = Net()
+    trainer.fit(SGDModule(model, mse_loss, 5, 10, carry_hidden=True, **options), DataLoader(data, batch_size=None))
+    return model
+
+
+def float32(data):
+    return [tuple(t.float() if t.is_floating_point() else t for t in batch) for batch in data]
+
+
+def test_bf16_mixed_trains_what_ignites_trainer_trains_under_autocast():
+    data = float32(batches())
+    torch.manual_seed(1)
+    eager = Net()
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    create_tbptt_trainer(eager, optimizer, mse_loss, 5, 10, carry_hidden=True, autocast_dtype=torch.bfloat16).run(
+        data, max_epochs=2
+    )
+    lit = trained_in_mixed_precision(data, lightning_trainer(precision="bf16-mixed"))
+    assert_equal_parameters(eager, lit)
+
+
+@pytest.mark.parametrize("init_scale", [2.0**8, 2.0**40], ids=["finite", "overflowing, steps skipped"])
+def test_16_mixed_scales_every_backward_and_skips_inf_steps_as_ignites_trainer(init_scale):
+    # Lightning makes 16-mixed on the CPU bf16-mixed; its plugin, given explicitly, keeps float16 and the scaler.
+    from lightning.pytorch.plugins import MixedPrecision
+
+    data = float32(batches())
+    torch.manual_seed(1)
+    eager = Net()
+    optimizer = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
+    ignite = create_tbptt_trainer(
+        eager, optimizer, mse_loss, 5, 10, carry_hidden=True, scaler=scaler, autocast_dtype=torch.float16
+    )
+    ignite.run(data, max_epochs=2)
+    plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu", init_scale=init_scale))
+    lightning = lightning_trainer(plugins=[plugin])
+    lit = trained_in_mixed_precision(data, lightning)
+    assert_equal_parameters(eager, lit)
+    assert plugin.scaler.get_scale() == scaler.get_scale()
+    if init_scale > 2.0**30:
+        assert scaler.get_scale() < init_scale  # the first steps overflowed, and were skipped in both
+    # global_step counts the optimizer's steps that Lightning's wrapper took, skipped ones included.
+    assert lightning.global_step == ignite.state.optimizer_step
+
+
+def norm(module):
+    return torch.nn.utils.get_total_norm([p.grad for p in module.parameters() if p.grad is not None]).item()
+
+
+def test_the_gradient_norm_is_logged_at_each_step_before_clipping(tmp_path):
+    # Lightning runs the Trainer's callbacks, then the module's (this one), then the module's own hook.
+    import csv
+
+    from lightning.pytorch import Callback
+    from lightning.pytorch.loggers import CSVLogger
+
+    before, after = [], []
+
+    class Before(Callback):
+        def on_before_optimizer_step(self, trainer, module, optimizer):
+            before.append(norm(module))
+
+    class Watching(SGDModule):
+        def on_before_optimizer_step(self, optimizer):
+            after.append(norm(self))
+
+    trainer = lightning_trainer(1, logger=CSVLogger(tmp_path), log_every_n_steps=1, callbacks=[Before()])
+    torch.manual_seed(1)
+    module = Watching(Net().double(), mse_loss, 5, 10, carry_hidden=True, gradient_clip_val=0.05)
+    trainer.fit(module, DataLoader(batches(), batch_size=None))
+    with open(next(tmp_path.rglob("metrics.csv"))) as file:
+        logged = [float(row["grad_norm"]) for row in csv.DictReader(file) if row.get("grad_norm")]
+    # Four windows a batch, a step each; Lightning's logger takes a batch's last value logged on_step.
+    assert len(before) == len(after) == trainer.global_step == 16
+    assert logged == pytest.approx(before[3::4], rel=1e-6) and max(before) > 0.05
+    assert max(after) <= 0.05 + 1e-12
+
+
+def test_validation_carries_the_state_and_weighs_every_target_as_the_stream_evaluator():
+    from ignite_tbptt import LossPerTarget, create_tbptt_evaluator
+
+    data = batches(starts=True, padding=True, seed=4)
+    counted = {"carry_hidden": True, "target_count_fn": lambda y_pred, y: count_targets(y[..., 0]) * 4}
+    torch.manual_seed(1)
+    model = Net().double()
+    module = SGDModule(model, masked_mse, 5, 10, **counted)
+    trainer = lightning_trainer(1)
+    trainer.fit(module, DataLoader(batches(), batch_size=None), DataLoader(data, batch_size=None))
+    logged = trainer.validate(module, DataLoader(data, batch_size=None), verbose=False)[0]["val_loss"]
+    evaluator = create_tbptt_evaluator(model, {"loss": LossPerTarget(masked_mse)}, carry_hidden=True)
+    expected = evaluator.run(data).metrics["loss"]
+    fresh = create_tbptt_evaluator(model, {"loss": LossPerTarget(masked_mse)}).run(data).metrics["loss"]
+    assert logged == pytest.approx(expected, rel=1e-6) and abs(expected - fresh) > 1e-4
+
+
 def test_what_the_module_cannot_take_is_refused_with_the_fix():
     with pytest.raises(TypeError, match=r"writes training_step, which TBPTTModule writes itself"):
 
@@ -218,8 +317,15 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
     data = DataLoader(batches(count=1), batch_size=None)
     with pytest.raises(ValueError, match=r"gave 2 optimizers; .* Return one optimizer"):
         lightning_trainer(1).fit(TwoOptimizers(Net().double(), mse_loss, 5), train_dataloaders=data)
-    with pytest.raises(ValueError, match=r"precision='bf16-mixed'.*Trainer\(precision='32-true'\)"):
-        lightning_trainer(1, precision="bf16-mixed").fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=data)
+    with pytest.raises(ValueError, match=r"precision='bf16-true'.*Trainer\(precision='32-true'\), '16-mixed'"):
+        lightning_trainer(1, precision="bf16-true").fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=data)
+
+    class OwnCallbacks(SGDModule):
+        def configure_callbacks(self):
+            return [ModelCheckpoint()]
+
+    with pytest.raises(ValueError, match=r"leaves out the one TBPTTModule gives.*super\(\).configure_callbacks\(\)"):
+        lightning_trainer(1).fit(OwnCallbacks(Net().double(), mse_loss, 5), train_dataloaders=data)
     loose = DataLoader([torch.zeros(20, 3, 3)], batch_size=None)
     with pytest.raises(TypeError, match=r"batch is \(x, y\) or \(x, y, starts\).*got Tensor"):
         lightning_trainer(1).fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=loose)
