@@ -214,15 +214,23 @@ class TBPTTProcessFunction:
         _zero_counters(engine)
         self._started(engine)
 
+    def start_run(self) -> None:
+        """A run starts: in a distributed one, every process takes rank 0's parameters and sums at each step.
+
+        Whether the run is distributed is asked of ``ignite.distributed``, which finds a process group made by
+        ``torch.distributed`` (Lightning's strategies make one) as well as its own.
+        """
+        self.optimizer_step.distributed = distributed.is_distributed()
+        self.loop.start_run(self.optimizer_step.distributed and any(is_sharded(p) for p in self.parameters()))
+        if self.optimizer_step.distributed:
+            reduce_gradients_by_sum(self.loop.model, idist.backend())  # FSDP2's: sums, for the division by all targets
+            distributed.broadcast_parameters(self.parameters())
+
     def _started(self, engine: Engine) -> None:
         loop, listener = self.loop, self._listener
         assert listener is not None, "attach() set it, and registered this handler"
         listener.events.refresh()  # handler lists that removals replaced since the last run
-        self.optimizer_step.distributed = distributed.is_distributed()
-        loop.start_run(self.optimizer_step.distributed and any(is_sharded(p) for p in self.parameters()))
-        if self.optimizer_step.distributed:
-            reduce_gradients_by_sum(loop.model, idist.backend())  # FSDP2's: sums, for the division by all targets
-            distributed.broadcast_parameters(self.parameters())
+        self.start_run()
         if engine.state.iteration == 0:
             _zero_counters(engine)
         loaded, self._loaded = self._loaded, None

@@ -66,8 +66,10 @@ class TBPTTModule(LightningModule):
     per optimizer step (``"interval": "step"``) or per epoch, every ``"frequency"``; ``self.log`` of the batch's
     mean loss (``train_loss``), the windows, the learning rate and the gradient norm before clipping
     (``grad_norm``); validation through :func:`~ignite_tbptt.create_tbptt_evaluator`'s stream evaluation, the state
-    carried along the validation stream, ``val_loss`` the mean over its targets; the stream's state (window
-    counters, accumulated windows, the window source's state) in Lightning's checkpoint.
+    carried along the validation stream, ``val_loss`` the mean over its targets; ``strategy="ddp"``, each process
+    on its own columns (``use_distributed_sampler=False`` with ``carry_hidden``), the gradients and target counts
+    summed once per optimizer step as :func:`~ignite_tbptt.create_tbptt_trainer` sums them; the stream's state
+    (window counters, accumulated windows, the window source's state) in Lightning's checkpoint.
 
     Args:
         model: ``y_pred, hidden = model(x, hidden)``, as :func:`~ignite_tbptt.create_tbptt_trainer` takes it.
@@ -85,7 +87,8 @@ class TBPTTModule(LightningModule):
             ``(x, y)`` or ``(x, y, starts)``.
         ValueError: as the module is made, for an option Lightning's ``Trainer`` owns here (``device``, ``scaler``,
             ``cuda_graphs``, ...), named with what replaces it; as fit starts, for several optimizers, a precision
-            other than 32- or 64-bit, 16-mixed or bf16-mixed, ``automatic_optimization`` set back to True,
+            other than 32- or 64-bit, 16-mixed or bf16-mixed, a strategy other than one device or DDP, Lightning's
+            ``DistributedSampler`` with ``carry_hidden=True``, ``automatic_optimization`` set back to True,
             ``configure_callbacks`` without the module's callback, or a checkpoint of another configuration or
             taken inside an epoch; and as :func:`~ignite_tbptt.create_tbptt_trainer` raises for its options.
 
@@ -151,6 +154,7 @@ class TBPTTModule(LightningModule):
                 f"TBPTTModule trains in 32- or 64-bit precision or under torch.autocast, and the Trainer has "
                 f"precision={precision!r}: pass Trainer(precision='32-true'), '16-mixed' or 'bf16-mixed'."
             )
+        _refuse_strategy(self.trainer.strategy)
         callbacks = self.trainer.callbacks  # type: ignore[attr-defined]  # a property Lightning adds to Trainer
         if not any(isinstance(callback, _BeforeOptimizerStep) for callback in callbacks):
             raise ValueError(
@@ -180,11 +184,12 @@ class TBPTTModule(LightningModule):
         self.tbptt.optimizer_step.skips_on_device = False
         self.tbptt.optimizer_step.scaler_in_step = scaler is not None
         self.tbptt.loop.listener = _LightningListener(self, optimizer)
-        self.tbptt.loop.start_run(False)
+        self.tbptt.start_run()
         self.tbptt.loop.reset()
 
     def on_train_start(self) -> None:
         """Restore the stream's state of a checkpoint Lightning resumed from (its counters are restored by now)."""
+        self._refuse_batches_dealt_out()
         loaded, self._loaded = self._loaded, None
         if loaded is None:
             return
@@ -204,6 +209,20 @@ class TBPTTModule(LightningModule):
         self._counts = dict(loaded["counts"])
         step.loop.load_state_dict(loaded["state"], self._counts["window"])
         step.optimizer_step.load_state_dict(loaded["state"])
+
+    def _refuse_batches_dealt_out(self) -> None:
+        # Lightning's DistributedSampler deals whole batches out to the processes: a stream's batches, which must
+        # follow one another on one process, would be split between them.
+        if not self.tbptt_options.get("carry_hidden", False) or self.trainer.world_size == 1:
+            return
+        loader = self.trainer.train_dataloader
+        if isinstance(getattr(loader, "sampler", None), torch.utils.data.DistributedSampler):
+            raise ValueError(
+                "with carry_hidden=True the batches of a stream follow one another on each process, and Lightning's "
+                "DistributedSampler deals them out between the processes: pass Trainer(use_distributed_sampler=False) "
+                "and give each process its own columns of every batch (the data helpers' rank and world_size, or "
+                "ignite_tbptt.data.shard_of().select(x)), so that each process runs as many batches."
+            )
 
     def on_train_epoch_start(self) -> None:
         """A new stream per epoch (per batch without ``carry_hidden``)."""
@@ -362,3 +381,20 @@ def _split(batch: Any) -> tuple[Any, Any, Any]:
             "the DataLoader's collate_fn, or transfer_batch_to_device, give that layout."
         )
     return split_batch(batch)
+
+
+def _refuse_strategy(strategy: Any) -> None:
+    # One device, or DDP: the trainer calls the model itself, window by window, so a strategy whose wrapper's
+    # forward gathers sharded parameters (FSDP, DeepSpeed) or compiles for XLA would be bypassed. DDP's wrapper is
+    # left idle: its reducer waits for manual_backward, and the trainer sums gradients once per optimizer step.
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, SingleDeviceStrategy, XLAStrategy
+
+    other = isinstance(strategy, (DeepSpeedStrategy, XLAStrategy)) or type(strategy).__name__.endswith("XLAStrategy")
+    if isinstance(strategy, (SingleDeviceStrategy, DDPStrategy)) and not other:
+        return
+    raise ValueError(
+        f"TBPTTModule trains on one device or with Trainer(strategy='ddp'), and the Trainer's strategy is "
+        f"{type(strategy).__name__}, which shards or places the parameters through its own wrapper or hooks; the "
+        "trainer calls the model window by window, past them. Use strategy='ddp'; for parameters sharded with FSDP2 "
+        "(fully_shard), train with create_tbptt_trainer, which supports them."
+    )

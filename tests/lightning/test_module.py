@@ -47,8 +47,8 @@ def masked_mse(y_pred, y):
 
 
 def lightning_trainer(epochs=2, **kwargs):
-    options = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
-    return Trainer(max_epochs=epochs, accelerator="cpu", devices=1, enable_model_summary=False, **{**options, **kwargs})
+    options = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False, "devices": 1}
+    return Trainer(max_epochs=epochs, accelerator="cpu", enable_model_summary=False, **{**options, **kwargs})
 
 
 def trained_by_ignite(data, k1, k2, epochs=2, loss=mse_loss, handlers=(), **options):
@@ -326,6 +326,14 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
 
     with pytest.raises(ValueError, match=r"leaves out the one TBPTTModule gives.*super\(\).configure_callbacks\(\)"):
         lightning_trainer(1).fit(OwnCallbacks(Net().double(), mse_loss, 5), train_dataloaders=data)
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class Sharded(SGDModule):
+        def configure_model(self):
+            pass  # where fully_shard would go
+
+    with pytest.raises(ValueError, match=r"strategy is ModelParallelStrategy, .* Use strategy='ddp'"):
+        lightning_trainer(1, strategy=ModelParallelStrategy()).fit(Sharded(Net().double(), mse_loss, 5), data)
     loose = DataLoader([torch.zeros(20, 3, 3)], batch_size=None)
     with pytest.raises(TypeError, match=r"batch is \(x, y\) or \(x, y, starts\).*got Tensor"):
         lightning_trainer(1).fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=loose)
