@@ -57,6 +57,7 @@ __all__ = [
     "Vocabulary",
     "CharLSTM",
     "load_data",
+    "choose_logdir",
     "build",
     "new_run_dir",
     "run",
@@ -355,12 +356,17 @@ def read_resumed(path: Path, device: Any) -> dict:
         raise SystemExit(str(error)) from None
 
 
-def run(args: argparse.Namespace) -> dict:
-    """Train the model as ``args`` say; returns the validation bits per character of each epoch and the unigram's."""
-    args.view = args.logdir  # what `tensorboard --logdir` is told: all runs where the job names the directory
+def choose_logdir(args: argparse.Namespace) -> None:
+    """``args.logdir``, a new ``runs/char_lm-DATE-TIME`` unless given, and ``args.view``, what TensorBoard is told."""
+    args.view = args.logdir  # all runs where the job names the directory
     if args.logdir is None:  # one directory per run, so that reruns do not mix their curves and checkpoints
         args.logdir = new_run_dir(Path("runs"))
         args.view = args.logdir.parent
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Train the model as ``args`` say; returns the validation bits per character of each epoch and the unigram's."""
+    choose_logdir(args)
     if args.nproc == 1:
         return train_process(args)
     backend = "nccl" if torch.device(args.device).type == "cuda" else "gloo"

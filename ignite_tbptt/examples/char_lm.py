@@ -18,6 +18,7 @@ Run::
 
     python -m ignite_tbptt.examples.char_lm                 # about a minute on 2 CPU cores
     python -m ignite_tbptt.examples.char_lm --text a.txt b.txt --k1 100 --k2 100 --epochs 5
+    python -m ignite_tbptt.examples.char_lm --trainer lightning   # the same job on Lightning's Trainer
     tensorboard --logdir runs/                              # each run writes to runs/char_lm-DATE-TIME/
 
 It logs each window's training loss (nats per character), gradient norm, learning rate and throughput
@@ -39,6 +40,7 @@ the training are in ``_char_lm``, whose names it forwards (``char_lm.CharLSTM``,
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -151,6 +153,13 @@ def run_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--resume", type=existing_file, help="checkpoint file to continue from (default: none)")
     p.add_argument(
+        "--trainer",
+        choices=("ignite", "lightning"),
+        default="ignite",
+        help="the trainer's framework: ignite's Engine (create_tbptt_trainer), or Lightning's Trainer\n"
+        "(TBPTTModule, pip install 'ignite-tbptt[lightning]'; one process, checkpoints at each epoch's end)",
+    )
+    p.add_argument(
         "--no-progress", action="store_true", help="do not show the progress bar (or, in a file, the progress lines)"
     )
 
@@ -244,6 +253,28 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
             f"--cuda-graphs captures fixed windows with k2 >= k1: pass --k2 {args.k1} or more, without --artbp and "
             "--adaptive."
         )
+    if args.trainer == "lightning" and importlib.util.find_spec("lightning") is None:
+        p.error(
+            "--trainer lightning trains on PyTorch Lightning, which is not installed: pip install "
+            '"ignite-tbptt[lightning]", or leave --trainer lightning out.'
+        )
+    if args.trainer == "lightning":
+        ignite_only = [
+            option
+            for option, used in (
+                (f"--nproc {args.nproc}", args.nproc > 1),
+                ("--fsdp", args.fsdp),
+                ("--cuda-graphs", args.cuda_graphs),
+                (f"--adaptive {args.adaptive}", args.adaptive),
+                (f"--reach {args.reach}", args.reach),
+            )
+            if used
+        ]
+        if ignite_only:
+            p.error(
+                f"{ignite_only[0]} is the ignite trainer's here (an ignite handler or launcher): leave it out with "
+                "--trainer lightning, or leave --trainer lightning out."
+            )
     if args.fsdp and args.nproc < 2:
         p.error("--fsdp shards the model over processes: pass --nproc 2 or more.")
     if args.logdir is not None and args.logdir.exists() and not args.logdir.is_dir():
@@ -274,6 +305,10 @@ def check_device(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> dict:
     """Train the model; returns the validation bits per character of each epoch and the unigram baseline."""
     args = parse_args(argv)
+    if args.trainer == "lightning":
+        from ._char_lm_lightning import train_lightning
+
+        return train_lightning(args)
     from ._char_lm import run  # torch and the package: once the options are read
 
     return run(args)

@@ -339,3 +339,34 @@ def test_the_main_job_sharded_with_fsdp_trains_and_resumes_as_unsharded(tmp_path
 def test_the_main_job_prints_figures_within_the_spread_its_page_gives(tmp_path):
     history = char_lm.main(["--no-progress", "--checkpoint-every", "0", "--logdir", str(tmp_path)])  # about a minute
     assert all(within(v, s, BITS) for v, s in zip(history["valid_bpc"], figures("char_lm"), strict=True)), history
+
+
+def test_the_main_job_on_lightning_prints_what_the_ignite_run_prints_and_logs_to_tensorboard(tmp_path, capsys):
+    pytest.importorskip("lightning")
+    args = [*SMALL, "--k1", "10", "--k2", "20", "--epochs", "2", "--no-progress", "--checkpoint-every", "0"]
+    ignite = char_lm.main([*args, "--logdir", str(tmp_path / "ignite")])
+    lightning = char_lm.main([*args, "--trainer", "lightning", "--logdir", str(tmp_path / "lightning")])
+    # The same trainer on the same data, in float32: the validation figures agree to the printed digits.
+    assert lightning["valid_bpc"] == pytest.approx(ignite["valid_bpc"], abs=5e-4)
+    assert lightning["unigram_bpc"] == ignite["unigram_bpc"]
+    printed = capsys.readouterr().out
+    assert printed.count(f"epoch 2: validation {ignite['valid_bpc'][1]:.3f} bits/char") == 2
+    events = EventAccumulator(str(tmp_path / "lightning"))
+    events.Reload()
+    assert {"train_loss_step", "grad_norm", "lr", "val_loss"} <= set(events.Tags()["scalars"])
+    assert [e.value / math.log(2) for e in events.Scalars("val_loss")] == pytest.approx(lightning["valid_bpc"])
+    # Resumed from the first epoch's checkpoint, the second epoch ends where the uninterrupted run ended.
+    one = char_lm.main([*args, "--epochs", "1", "--trainer", "lightning", "--logdir", str(tmp_path / "one")])
+    checkpoint = next((tmp_path / "one" / "checkpoints").glob("epoch=0-*.ckpt"))
+    resumed = char_lm.main(
+        [*args, "--trainer", "lightning", "--resume", str(checkpoint), "--logdir", str(tmp_path / "resumed")]
+    )
+    assert resumed["valid_bpc"] == [lightning["valid_bpc"][1]] and one["valid_bpc"] == lightning["valid_bpc"][:1]
+
+
+@pytest.mark.parametrize("option", [["--nproc", "2"], ["--adaptive", "0.1"], ["--reach", "5"]])
+def test_the_ignite_trainers_own_options_are_refused_on_lightning_with_the_fix(capsys, option):
+    with pytest.raises(SystemExit):
+        char_lm.main([*STREAM, "--trainer", "lightning", *option])
+    err = capsys.readouterr().err
+    assert f"{' '.join(option)} is the ignite trainer's here" in err and "leave it out with --trainer lightning" in err
