@@ -117,6 +117,21 @@ def test_overhead_benchmark_counts_the_host_reads_per_window(tmp_path):
     assert "µs per window" in markdown.read_text() and "| torch's zero_grad() |" in markdown.read_text()
 
 
+def test_lightning_benchmark_trains_lightnings_example_as_its_recipe_does(tmp_path):
+    pytest.importorskip("lightning")
+    from benchmarks import lightning
+
+    markdown = tmp_path / "lightning.md"
+    result = lightning.main(["--repeats", "1", "--steps", "200", "--epochs", "1", "--markdown", str(markdown)])
+    assert set(result["us"]) == set(lightning.CONTENDERS) and all(us > 0 for us in result["us"].values())
+    recipe, ours = (result["example"][name] for name in lightning.EXAMPLE[:2])
+    # The same parameters bit for bit; the epoch's loss is averaged in Lightning's log in another order.
+    assert all(torch.equal(p, q) for p, q in zip(recipe["params"], ours["params"], strict=True))
+    assert recipe["test"] == ours["test"] and recipe["losses"] == pytest.approx(ours["losses"], rel=1e-6)
+    text = markdown.read_text()
+    assert "TBPTT(10, 10): equal, bit for bit" in text and "| TBPTTModule |" in text
+
+
 def test_alignment_benchmark_and_profile_run(tmp_path, capsys):
     from benchmarks import profile, sequences
 

@@ -26,7 +26,12 @@ ALLOWED = {
     "handlers": {"engine", "planning", "checks", "plot"},
     "models": {"", "planning", "checks"},  # adapters for other libraries' models, importing those only when called
     "examples": {"", "data", "models", "lightning"},  # the package's public API, as a user imports it
-    "lightning": {"engine", "data", "checks"},  # the trainer on Lightning's Trainer: the engine's loop, no ignite
+    "lightning": {
+        "engine",
+        "runtime",
+        "data",
+        "checks",
+    },  # the trainer on Lightning's Trainer: the engine's loop, no ignite
 }
 THIRD_PARTY_FORBIDDEN = {"planning": {"torch", "ignite", "numpy"}, "runtime": {"ignite"}}
 

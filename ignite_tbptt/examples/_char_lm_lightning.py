@@ -3,7 +3,7 @@
 The same data (:func:`~ignite_tbptt.examples._char_lm.load_data`), model, Adam, clipping and TBPTT(k1, k2) as the
 ignite run of ``_char_lm``, trained by :class:`~ignite_tbptt.lightning.TBPTTModule`: Lightning's ``Trainer`` runs the
 epochs, validates after each (the stream evaluator, the state carried along the validation text), logs to
-TensorBoard (``train_loss``, ``grad_norm``, ``lr``, ``val_loss``; x-axis: batches) and writes a checkpoint at each
+TensorBoard (``train_loss``, ``grad_norm``, ``lr-Adam``, ``val_loss``; x-axis: batches) and writes a checkpoint at each
 epoch's end, which ``--resume`` continues from. The command line checked that Lightning is installed
 (``pip install "ignite-tbptt[lightning]"``).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch import Callback, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
@@ -105,6 +105,7 @@ def lightning_trainer(args: argparse.Namespace, history: dict) -> Trainer:
         logger=TensorBoardLogger(args.logdir, name="", version="", default_hp_metric=False),
         callbacks=[
             _Report(history),
+            LearningRateMonitor(logging_interval="step"),  # lr-Adam
             ModelCheckpoint(dirpath=args.logdir / "checkpoints", save_last=True, save_on_train_epoch_end=True),
         ],
         num_sanity_val_steps=0,  # validation after each epoch, as the ignite run

@@ -22,11 +22,13 @@ from typing import Any
 import torch
 from lightning.pytorch import Callback, LightningModule
 
+from ..checks import positive_int
 from ..data import count_targets
 from ..data.batch import split_batch
 from ..engine import TBPTTProcessFunction, tbptt_training_step
 from ..engine.evaluator import StreamEvaluation
 from ..engine.optimizer_step import RunPosition
+from ..runtime import skips_on_device
 
 __all__ = ["TBPTTModule"]
 
@@ -57,19 +59,21 @@ class TBPTTModule(LightningModule):
 
     Lightning's machinery, where this uses it: every optimizer step through ``self.optimizers()``
     (``trainer.global_step`` counts optimizer steps, ``max_steps`` and ``every_n_train_steps`` with it); gradient
-    clipping through ``self.clip_gradients`` once per optimizer step, after the division by the step's target count
+    clipping as ``self.clip_gradients`` clips, once per optimizer step, after the division by the step's target count
     (the ``Trainer`` refuses ``gradient_clip_val`` under manual optimization: pass it here), in Lightning's
     ``on_before_optimizer_step`` of a callback from :meth:`configure_callbacks`, after the unscaling;
     ``precision="16-mixed"`` and ``"bf16-mixed"`` as ``create_tbptt_trainer(..., autocast_dtype=...)`` trains (each
     model call and its loss under autocast; with 16-mixed, each backward pass scaled by the precision plugin's
     ``GradScaler``, whose step skips inf/NaN steps); learning-rate schedulers from ``configure_optimizers`` stepped
     per optimizer step (``"interval": "step"``) or per epoch, every ``"frequency"``; ``self.log`` of the batch's
-    mean loss (``train_loss``), the windows, the learning rate and the gradient norm before clipping
+    mean loss (``train_loss``) and, where clipping by norm computes it, the gradient norm before clipping
     (``grad_norm``); validation through :func:`~ignite_tbptt.create_tbptt_evaluator`'s stream evaluation, the state
     carried along the validation stream, ``val_loss`` the mean over its targets; ``strategy="ddp"``, each process
     on its own columns (``use_distributed_sampler=False`` with ``carry_hidden``), the gradients and target counts
     summed once per optimizer step as :func:`~ignite_tbptt.create_tbptt_trainer` sums them; the stream's state
-    (window counters, accumulated windows, the window source's state) in Lightning's checkpoint.
+    (window counters, the hidden state, the retained history, accumulated windows, the window source's state) in
+    Lightning's checkpoint, resumed at an epoch's end, or inside one from a loader Lightning resumes (torchdata's
+    ``StatefulDataLoader``).
 
     Args:
         model: ``y_pred, hidden = model(x, hidden)``, as :func:`~ignite_tbptt.create_tbptt_trainer` takes it.
@@ -78,19 +82,24 @@ class TBPTTModule(LightningModule):
         k2: steps each backward pass reaches back (default ``k1``).
         gradient_clip_val: clip the gradients to this norm (or value) at every optimizer step; ``None``: no clipping.
         gradient_clip_algorithm: ``"norm"`` or ``"value"``, as Lightning's ``clip_gradients`` takes it.
+        reach_every: record the gradient reach of every ``reach_every``-th window
+            (:class:`~ignite_tbptt.GradientReach`'s profile) and log its value at the cut, the norm of the gradient
+            that truncation throws away, as ``reach_at_cut``; ``None``: none recorded.
         **options: :func:`~ignite_tbptt.create_tbptt_trainer`'s keyword arguments (``carry_hidden``,
             ``gradient_accumulation_steps``, ``target_count_fn``, ``time_dim``, ``model_fn``, ``reset_hidden``,
             ``initial_state``, ``module_state``, ``recompute``, ...), but those Lightning's ``Trainer`` owns.
 
     Raises:
-        TypeError: at the class's definition, if a subclass writes ``training_step``; at a batch that is not
-            ``(x, y)`` or ``(x, y, starts)``.
-        ValueError: as the module is made, for an option Lightning's ``Trainer`` owns here (``device``, ``scaler``,
-            ``cuda_graphs``, ...), named with what replaces it; as fit starts, for several optimizers, a precision
-            other than 32- or 64-bit, 16-mixed or bf16-mixed, a strategy other than one device or DDP, Lightning's
-            ``DistributedSampler`` with ``carry_hidden=True``, ``automatic_optimization`` set back to True,
-            ``configure_callbacks`` without the module's callback, or a checkpoint of another configuration or
-            taken inside an epoch; and as :func:`~ignite_tbptt.create_tbptt_trainer` raises for its options.
+        TypeError: at the class's definition, if a subclass writes ``training_step``; as the module is made, if
+            ``reach_every`` is not an int; at a batch that is not ``(x, y)`` or ``(x, y, starts)``.
+        ValueError: as the module is made, for ``reach_every`` below 1, or an option Lightning's ``Trainer`` owns
+            here (``device``, ``scaler``, ``cuda_graphs``, ...), named with what replaces it; as fit starts, for
+            several optimizers, a precision other than 32- or 64-bit, 16-mixed or bf16-mixed, a strategy other than
+            one device or DDP, Lightning's ``DistributedSampler`` with ``carry_hidden=True``,
+            ``automatic_optimization`` set back to True, ``configure_callbacks`` without the module's callback, a
+            checkpoint of another configuration, or one taken inside an epoch where the training loader has no
+            ``state_dict``/``load_state_dict`` (Lightning would start its epoch over); and as
+            :func:`~ignite_tbptt.create_tbptt_trainer` raises for its options.
 
     Examples:
         >>> import torch
@@ -121,6 +130,7 @@ class TBPTTModule(LightningModule):
         *,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str = "norm",
+        reach_every: int | None = None,
         **options: Any,
     ) -> None:
         super().__init__()
@@ -133,12 +143,15 @@ class TBPTTModule(LightningModule):
             raise ValueError(f"gradient_clip_algorithm must be 'norm' or 'value', got {gradient_clip_algorithm!r}.")
         self.model, self.loss_fn, self.k1, self.k2 = model, loss_fn, k1, k2
         self.gradient_clip_val, self.gradient_clip_algorithm = gradient_clip_val, gradient_clip_algorithm
+        self.reach_every = None if reach_every is None else positive_int("reach_every", reach_every, "windows")
         self.tbptt_options = options
         self.automatic_optimization = False
         #: The trainer's process function, made as fit starts (its ``loop`` runs the batches).
         self.tbptt: TBPTTProcessFunction | None = None
         self._counts = {"window": 0, "iteration": 0}
         self._loaded: dict | None = None
+        self._resumed_mid_epoch = False
+        self._stepped: dict[str, Any] = {}  # the batch's last step's gradient norm, last recorded window's reach
         #: Validation: the evaluator's batch, the hidden state carried along the validation stream as in training
         #: (made as each validation epoch starts, under the Trainer's precision).
         self.evaluation: StreamEvaluation | None = None
@@ -170,6 +183,12 @@ class TBPTTModule(LightningModule):
         # 16-mixed: each backward pass is scaled by the plugin's GradScaler, whose step (in the wrapper's) unscales,
         # skips a step of inf/NaN gradients and updates the scale. training_step runs under the plugin's autocast.
         scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None and self.gradient_clip_val is not None and skips_on_device(optimizer):
+            raise ValueError(
+                f"{type(optimizer.optimizer).__name__} unscales the gradients inside its own step (fused=True), after "
+                "the clipping, which would then clip scaled gradients; Lightning refuses it too: pass fused=False, or "
+                "no gradient_clip_val, with precision='16-mixed'."
+            )
         self.tbptt = tbptt_training_step(
             self.model,
             optimizer,
@@ -184,6 +203,8 @@ class TBPTTModule(LightningModule):
         self.tbptt.optimizer_step.skips_on_device = False
         self.tbptt.optimizer_step.scaler_in_step = scaler is not None
         self.tbptt.loop.listener = _LightningListener(self, optimizer)
+        if self.reach_every is not None:
+            self.tbptt.record_reach(self.reach_every)
         self.tbptt.start_run()
         self.tbptt.loop.reset()
 
@@ -201,11 +222,8 @@ class TBPTTModule(LightningModule):
                 "k2, window source, carry_hidden, recompute and gradient_accumulation_steps."
             )
         if self.trainer.fit_loop.restarted_mid_epoch:
-            raise ValueError(
-                "resuming TBPTTModule inside an epoch is not supported yet (Lightning iterates a DataLoader again from "
-                "its start): resume from a checkpoint taken at an epoch's end, "
-                "ModelCheckpoint(save_on_train_epoch_end=True)."
-            )
+            self._refuse_a_loader_that_starts_over()
+            self._resumed_mid_epoch = True  # the stream restored here goes on in the epoch Lightning restarts
         self._counts = dict(loaded["counts"])
         step.loop.load_state_dict(loaded["state"], self._counts["window"])
         step.optimizer_step.load_state_dict(loaded["state"])
@@ -224,9 +242,25 @@ class TBPTTModule(LightningModule):
                 "ignite_tbptt.data.shard_of().select(x)), so that each process runs as many batches."
             )
 
+    def _refuse_a_loader_that_starts_over(self) -> None:
+        # Lightning resumes a loader inside its epoch only if it has state_dict and load_state_dict (torchdata's
+        # StatefulDataLoader); a plain DataLoader starts its epoch over, so the stream would see its batches again.
+        loader = self.trainer.train_dataloader
+        loaders = list(loader.values()) if isinstance(loader, dict) else loader
+        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+        if not all(hasattr(each, "state_dict") and hasattr(each, "load_state_dict") for each in loaders):
+            raise ValueError(
+                "the checkpoint was taken inside an epoch, and Lightning iterates this training loader again from its "
+                "start (it has no state_dict/load_state_dict): train from torchdata's StatefulDataLoader, which "
+                "Lightning resumes where it stopped, or resume from a checkpoint taken at an epoch's end, "
+                "ModelCheckpoint(save_on_train_epoch_end=True)."
+            )
+
     def on_train_epoch_start(self) -> None:
-        """A new stream per epoch (per batch without ``carry_hidden``)."""
-        self._trainer_step().loop.reset_stream()
+        """A new stream per epoch (per batch without ``carry_hidden``), but in the epoch a checkpoint resumes."""
+        resumed, self._resumed_mid_epoch = self._resumed_mid_epoch, False
+        if not resumed:
+            self._trainer_step().loop.reset_stream()
 
     def on_train_epoch_end(self) -> None:
         """Close a stream the epoch left open (a loader without a length), and step the epoch's schedulers."""
@@ -253,7 +287,11 @@ class TBPTTModule(LightningModule):
         self._raise_if_failed()
         loss = result.loss.mean()
         self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
-        self.log("train_windows", float(self._counts["window"]), on_step=True)
+        # Lightning's logger keeps a batch's last value of what is logged on_step: the batch's last step's, logged
+        # once rather than at every step (self.log costs tens of microseconds).
+        stepped, self._stepped = self._stepped, {}
+        for name, value in stepped.items():
+            self.log(name, value, on_step=True)
         return loss
 
     def configure_callbacks(self) -> list[Callback]:
@@ -326,7 +364,8 @@ class _LightningListener:
         return self.module._counts["window"]
 
     def window_closed(self, reach: dict[int, float] | None) -> None:
-        pass
+        if reach:  # a recorded window's profile, by lag: the longest lag is the cut
+            self.module._stepped["reach_at_cut"] = reach[max(reach)]
 
     def targets_processed(self, targets: int) -> None:
         pass
@@ -354,7 +393,6 @@ class _LightningListener:
         for config in module.trainer.lr_scheduler_configs:
             if config.interval == "step" and module.global_step % config.frequency == 0:
                 config.scheduler.step()  # type: ignore[call-arg]  # not ReduceLROnPlateau: no monitor here
-        module.log("lr", self.optimizer.param_groups[0]["lr"], on_step=True)
 
     def window_completed(self, window: Any) -> None:
         pass
@@ -362,14 +400,20 @@ class _LightningListener:
 
 class _BeforeOptimizerStep(Callback):
     # Lightning's point where a step's gradients are final: divided by the step's target count, unscaled (16-mixed),
-    # before the scaler decides on the step. The gradient norm is logged there, and the gradients clipped.
+    # before the scaler decides on the step. The gradients are clipped there.
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-        grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-        if grads:
-            pl_module.log("grad_norm", torch.nn.utils.get_total_norm(grads), on_step=True)
-        if pl_module.gradient_clip_val is not None:
-            pl_module.clip_gradients(optimizer, pl_module.gradient_clip_val, pl_module.gradient_clip_algorithm)
+        clip = pl_module.gradient_clip_val
+        if clip is None:
+            return
+        if pl_module.gradient_clip_algorithm == "value":
+            pl_module.clip_gradients(optimizer, clip, "value")
+            return
+        # What Lightning's clip_gradients does by norm (its precision plugins' clip_grad_by_norm, over every parameter
+        # of the optimizer), keeping the norm it computes for the log. A fused optimizer that unscales in its own step
+        # was refused with 16-mixed as fit started, as Lightning refuses it.
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        pl_module._stepped["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, clip)
 
 
 def _split(batch: Any) -> tuple[Any, Any, Any]:

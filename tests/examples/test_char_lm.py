@@ -353,7 +353,7 @@ def test_the_main_job_on_lightning_prints_what_the_ignite_run_prints_and_logs_to
     assert printed.count(f"epoch 2: validation {ignite['valid_bpc'][1]:.3f} bits/char") == 2
     events = EventAccumulator(str(tmp_path / "lightning"))
     events.Reload()
-    assert {"train_loss_step", "grad_norm", "lr", "val_loss"} <= set(events.Tags()["scalars"])
+    assert {"train_loss_step", "grad_norm", "lr-Adam", "val_loss"} <= set(events.Tags()["scalars"])
     assert [e.value / math.log(2) for e in events.Scalars("val_loss")] == pytest.approx(lightning["valid_bpc"])
     # Resumed from the first epoch's checkpoint, the second epoch ends where the uninterrupted run ended.
     one = char_lm.main([*args, "--epochs", "1", "--trainer", "lightning", "--logdir", str(tmp_path / "one")])

@@ -183,20 +183,58 @@ def test_resuming_at_an_epoch_boundary_gives_the_uninterrupted_run(tmp_path):
     assert resumed._counts == uninterrupted._counts
 
 
-def test_resuming_inside_an_epoch_is_refused(tmp_path):
+def stopped_inside_the_first_epoch(tmp_path, loader, module):
+    # A checkpoint written after the second of the epoch's four batches, where ModelCheckpoint(every_n_train_steps)
+    # writes one; training stops there.
+    from lightning.pytorch import Callback
+
+    path = tmp_path / "inside.ckpt"
+
+    class SaveAndStop(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if batch_idx == 1:
+                trainer.save_checkpoint(path)
+                trainer.should_stop = True
+
+    trainer = lightning_trainer(1, callbacks=[SaveAndStop()])
+    trainer.fit(module(), train_dataloaders=loader())
+    assert trainer.fit_loop.epoch_loop.batch_progress.current.completed == 2
+    return path
+
+
+def test_resuming_inside_an_epoch_from_a_stateful_loader_gives_the_uninterrupted_run(tmp_path):
+    # torchdata's StatefulDataLoader, which Lightning resumes where it stopped; the stream (hidden state, the history
+    # that k2 > k1 retains, two of three windows accumulated) restored from the checkpoint goes on.
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
     data = batches()
-    first = SGDModule(Net().double(), mse_loss, 5, 10, carry_hidden=True)
-    checkpoints = ModelCheckpoint(
-        dirpath=tmp_path, every_n_train_steps=2, save_on_train_epoch_end=False, save_last=True
-    )
-    lightning_trainer(1, enable_checkpointing=True, callbacks=[checkpoints], max_steps=6).fit(
-        first, train_dataloaders=DataLoader(data, batch_size=None)
-    )
-    resumed = SGDModule(Net().double(), mse_loss, 5, 10, carry_hidden=True)
-    with pytest.raises(ValueError, match=r"inside an epoch is not supported yet.*save_on_train_epoch_end=True"):
-        lightning_trainer(2).fit(
-            resumed, train_dataloaders=DataLoader(data, batch_size=None), ckpt_path=tmp_path / "last.ckpt"
-        )
+    options = {"carry_hidden": True, "gradient_accumulation_steps": 3}
+
+    def module(seed=1):
+        torch.manual_seed(seed)
+        return SGDModule(Net().double(), mse_loss, RandomWindows(4, 7, seed=5), **options)
+
+    def loader():
+        return stateful.StatefulDataLoader(data, batch_size=None)
+
+    uninterrupted = module()
+    lightning_trainer(2).fit(uninterrupted, train_dataloaders=loader())
+    checkpoint = stopped_inside_the_first_epoch(tmp_path, loader, module)
+    resumed = module(seed=2)  # another initialisation: the checkpoint restores it all
+    lightning_trainer(2).fit(resumed, train_dataloaders=loader(), ckpt_path=checkpoint)
+    assert_equal_parameters(uninterrupted, resumed)
+    assert resumed._counts == uninterrupted._counts
+
+
+def test_resuming_inside_an_epoch_from_a_loader_that_starts_over_is_refused(tmp_path):
+    def module():
+        return SGDModule(Net().double(), mse_loss, 5, 10, carry_hidden=True)
+
+    def loader():
+        return DataLoader(batches(), batch_size=None)
+
+    checkpoint = stopped_inside_the_first_epoch(tmp_path, loader, module)
+    with pytest.raises(ValueError, match=r"taken inside an epoch.*StatefulDataLoader.*save_on_train_epoch_end=True"):
+        lightning_trainer(2).fit(module(), train_dataloaders=loader(), ckpt_path=checkpoint)
 
 
 def trained_in_mixed_precision(data, trainer, **options):
@@ -281,6 +319,36 @@ def test_the_gradient_norm_is_logged_at_each_step_before_clipping(tmp_path):
     assert max(after) <= 0.05 + 1e-12
 
 
+def test_the_gradient_reach_at_the_cut_is_logged_as_gradient_reach_records_it(tmp_path):
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from ignite_tbptt import GradientReach
+
+    at_cut = []
+
+    def record(trainer, model, optimizer):
+        GradientReach(every=2).attach(trainer)
+
+        @trainer.on(TBPTTEvents.WINDOW_COMPLETED)
+        def keep(engine):
+            if engine.state.gradient_reach is not None:
+                at_cut.append(engine.state.gradient_reach[max(engine.state.gradient_reach)])
+
+    data = batches()
+    trained_by_ignite(data, 5, 10, epochs=1, carry_hidden=True, handlers=[record])
+    torch.manual_seed(1)
+    module = SGDModule(Net().double(), mse_loss, 5, 10, carry_hidden=True, reach_every=2)
+    lightning_trainer(1, logger=CSVLogger(tmp_path), log_every_n_steps=1).fit(module, DataLoader(data, batch_size=None))
+    with open(next(tmp_path.rglob("metrics.csv"))) as file:
+        logged = [float(row["reach_at_cut"]) for row in csv.DictReader(file) if row.get("reach_at_cut")]
+    # Four windows a batch, windows 2 and 4 recorded: a batch logs its last, window 4's.
+    assert len(at_cut) == 8 and logged == pytest.approx(at_cut[1::2], rel=1e-6)  # logged in float32
+    with pytest.raises(ValueError, match="reach_every"):
+        SGDModule(Net(), mse_loss, 5, reach_every=0)
+
+
 def test_validation_carries_the_state_and_weighs_every_target_as_the_stream_evaluator():
     from ignite_tbptt import LossPerTarget, create_tbptt_evaluator
 
@@ -323,6 +391,16 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
     class OwnCallbacks(SGDModule):
         def configure_callbacks(self):
             return [ModelCheckpoint()]
+
+    from lightning.pytorch.plugins import MixedPrecision
+
+    class Fused(TBPTTModule):
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1, fused=True)
+
+    fp16 = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(ValueError, match=r"SGD unscales the gradients inside its own step.*pass fused=False"):
+        lightning_trainer(1, plugins=[fp16]).fit(Fused(Net(), mse_loss, 5, gradient_clip_val=1.0), data)
 
     with pytest.raises(ValueError, match=r"leaves out the one TBPTTModule gives.*super\(\).configure_callbacks\(\)"):
         lightning_trainer(1).fit(OwnCallbacks(Net().double(), mse_loss, 5), train_dataloaders=data)
