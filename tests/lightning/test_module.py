@@ -412,6 +412,28 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
 
     with pytest.raises(ValueError, match=r"strategy is ModelParallelStrategy, .* Use strategy='ddp'"):
         lightning_trainer(1, strategy=ModelParallelStrategy()).fit(Sharded(Net().double(), mse_loss, 5), data)
+
+    class StatelessNet(torch.nn.Module):  # returns predictions only, no state to carry
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 4)
+
+        def forward(self, x, hidden=None):
+            return self.linear(x)
+
+    stateless = StatelessNet().double()
+    before = [p.detach().clone() for p in stateless.parameters()]
+    with pytest.raises(TypeError, match=r"model_fn must return \(y_pred, hidden\)"):
+        lightning_trainer(1).fit(SGDModule(stateless, mse_loss, 5), train_dataloaders=data)
+    assert all(torch.equal(p, q) for p, q in zip(before, stateless.parameters()))  # nothing trained
+
+    class Automatic(SGDModule):
+        def on_fit_start(self):
+            self.automatic_optimization = True
+            super().on_fit_start()
+
+    with pytest.raises(ValueError, match=r"runs under manual optimization: leave automatic_optimization False"):
+        lightning_trainer(1).fit(Automatic(Net().double(), mse_loss, 5), train_dataloaders=data)
     loose = DataLoader([torch.zeros(20, 3, 3)], batch_size=None)
     with pytest.raises(TypeError, match=r"batch is \(x, y\) or \(x, y, starts\).*got Tensor"):
         lightning_trainer(1).fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=loose)
