@@ -16,6 +16,7 @@ framework, the same trainer".
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +47,13 @@ _LIGHTNING_OWNS = {
 #: 16-mixed) the plugin's GradScaler scaling each backward pass.
 _PRECISIONS = {"32-true", "64-true", "32", "64", "16-mixed", "bf16-mixed"}
 _AUTOCAST = {"16-mixed": torch.float16, "bf16-mixed": torch.bfloat16}
+#: Lightning's hooks around manual_backward, which the trainer's own backward passes do not call.
+_BACKWARD_HOOKS = ("backward", "on_before_backward", "on_after_backward")
+_BACKWARD_HOOKS_UNRUN = (
+    "which TBPTTModule never runs: the trainer makes the backward passes itself (a window's loss, then the sweep "
+    "through the retained history), not through manual_backward. Inspect or change the gradients in "
+    "on_before_optimizer_step, where they are final (divided by the step's target count, unscaled)."
+)
 
 
 class TBPTTModule(LightningModule):
@@ -90,7 +98,9 @@ class TBPTTModule(LightningModule):
             ``initial_state``, ``module_state``, ``recompute``, ...), but those Lightning's ``Trainer`` owns.
 
     Raises:
-        TypeError: at the class's definition, if a subclass writes ``training_step``; as the module is made, if
+        TypeError: at the class's definition, if a subclass writes ``training_step``, or ``backward``,
+            ``on_before_backward`` or ``on_after_backward``, which never run (a callback that writes one of the last
+            two is warned of as fit starts); as the module is made, if
             ``reach_every`` is not an int; at a batch that is not ``(x, y)`` or ``(x, y, starts)``.
         ValueError: as the module is made, for ``reach_every`` below 1, or an option Lightning's ``Trainer`` owns
             here (``device``, ``scaler``, ``cuda_graphs``, ...), named with what replaces it; as fit starts, for
@@ -120,6 +130,9 @@ class TBPTTModule(LightningModule):
                 "and optimizer steps. Remove it; to change what a window computes, pass model_fn, loss_fn or "
                 "target_count_fn, and use Lightning's hooks (on_train_batch_end, ...) for the rest."
             )
+        unrun = [name for name in _BACKWARD_HOOKS if name in cls.__dict__]
+        if unrun:
+            raise TypeError(f"{cls.__name__} writes {unrun[0]}, {_BACKWARD_HOOKS_UNRUN}")
 
     def __init__(
         self,
@@ -169,6 +182,11 @@ class TBPTTModule(LightningModule):
             )
         _refuse_strategy(self.trainer.strategy)
         callbacks = self.trainer.callbacks  # type: ignore[attr-defined]  # a property Lightning adds to Trainer
+        for callback in callbacks:
+            unrun = [name for name in _BACKWARD_HOOKS[1:] if _overrides(callback, name)]
+            if unrun:
+                message = f"the callback {type(callback).__name__} writes {unrun[0]}, {_BACKWARD_HOOKS_UNRUN}"
+                warnings.warn(message, UserWarning, stacklevel=2)
         if not any(isinstance(callback, _BeforeOptimizerStep) for callback in callbacks):
             raise ValueError(
                 "configure_callbacks of this TBPTTModule leaves out the one TBPTTModule gives (it clips the gradients "
@@ -414,6 +432,11 @@ class _BeforeOptimizerStep(Callback):
         # was refused with 16-mixed as fit started, as Lightning refuses it.
         params = [p for group in optimizer.param_groups for p in group["params"]]
         pl_module._stepped["grad_norm"] = torch.nn.utils.clip_grad_norm_(params, clip)
+
+
+def _overrides(callback: Any, name: str) -> bool:
+    # Whether the callback's class writes the hook, rather than inheriting Callback's, which does nothing.
+    return getattr(type(callback), name, None) is not getattr(Callback, name)
 
 
 def _split(batch: Any) -> tuple[Any, Any, Any]:

@@ -373,6 +373,12 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
             def training_step(self, batch, batch_idx):
                 return None
 
+    with pytest.raises(TypeError, match=r"writes on_after_backward, which TBPTTModule never runs.*on_before_optimizer"):
+
+        class Inspecting(TBPTTModule):
+            def on_after_backward(self):
+                pass
+
     with pytest.raises(ValueError, match=r"scaler=...\): Lightning's Trainer owns this here; Trainer\(precision"):
         SGDModule(Net(), mse_loss, 5, scaler=True)
     with pytest.raises(ValueError, match=r"cuda_graphs=...\): Lightning's Trainer owns this"):
@@ -437,6 +443,18 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
     loose = DataLoader([torch.zeros(20, 3, 3)], batch_size=None)
     with pytest.raises(TypeError, match=r"batch is \(x, y\) or \(x, y, starts\).*got Tensor"):
         lightning_trainer(1).fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=loose)
+
+
+def test_a_callback_with_backward_hooks_is_warned_of():
+    from lightning.pytorch import Callback
+
+    class GradientWatcher(Callback):
+        def on_after_backward(self, trainer, pl_module):
+            pass
+
+    trainer = lightning_trainer(1, callbacks=[GradientWatcher()])
+    with pytest.warns(UserWarning, match=r"callback GradientWatcher writes on_after_backward, which TBPTTModule never"):
+        trainer.fit(SGDModule(Net().double(), mse_loss, 5), DataLoader(batches(count=1), batch_size=None))
 
 
 def test_padding_without_target_counts_is_warned_of_as_under_ignite():
