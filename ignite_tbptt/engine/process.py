@@ -30,6 +30,7 @@ from ..runtime import (
     retainable,
 )
 from . import distributed
+from .burn_in import BurnIn
 from .checkpoint import check_resume, configuration, source_type
 from .events import COUNTERS, EventFiring, TBPTTEvents, register_tbptt_events
 from .optimizer_step import OptimizerStep, RunPosition
@@ -83,6 +84,7 @@ class TBPTTProcessFunction:
         target_count_fn: Callable[[Any, Any], int | torch.Tensor] | None,
         recompute: int | None = None,
         execution: Execution,
+        burn_in: BurnIn | None = None,
     ) -> None:
         self.loop = StreamLoop(
             model,
@@ -95,6 +97,7 @@ class TBPTTProcessFunction:
             target_count_fn=target_count_fn,
             recompute=recompute,
             execution=execution,
+            burn_in=burn_in,
         )
         self.optimizer_step = optimizer_step
         self.layout, self.carry_hidden, self.recompute = layout, carry_hidden, recompute
@@ -165,6 +168,7 @@ class TBPTTProcessFunction:
             "gradient_accumulation_steps": self.optimizer_step.accumulation,
             "scaler": self.scaler is not None,
             "recompute": self.recompute or 0,
+            **self.loop.burn_in.hparams(),
         }
 
     def use_source(self, source: WindowSource) -> None:

@@ -46,6 +46,7 @@ from ..runtime import (
     reach_profile,
 )
 from . import distributed
+from .burn_in import BurnIn
 from .optimizer_step import OptimizerStep, RunPosition
 
 __all__ = ["StreamLoop", "LoopListener", "CompletedWindow", "BatchResult"]
@@ -140,8 +141,10 @@ class StreamLoop:
         target_count_fn: Callable[[Any, Any], int | torch.Tensor] | None,
         recompute: int | None,
         execution: Execution,
+        burn_in: BurnIn | None = None,
     ) -> None:
         self.model, self.optimizer_step = model, optimizer_step
+        self.burn_in = burn_in or BurnIn(0, True)  #: the burn-in after each fresh start (of 0 steps: none)
         self.layout, self.carry_hidden = layout, carry_hidden
         self.planner = StreamPlanner(source, recompute)
         history = RetainedHistory(model_call, optimizer_step.parameters, None, recompute is not None)
@@ -209,10 +212,11 @@ class StreamLoop:
         """Forget the stream (position, hidden state, history, open window); a new one starts at step 0."""
         self.stream.reset()
         self.planner.reset()
+        self.burn_in.reset()
 
     def state_dict(self) -> dict:
         """The stream and its windows (:meth:`StreamState.state_dict`, :meth:`StreamPlanner.state_dict`)."""
-        return {**self.stream.state_dict(), **self.planner.state_dict()}
+        return {**self.stream.state_dict(), **self.planner.state_dict(), **self.burn_in.state_dict()}
 
     def load_state_dict(self, state: dict, window: int, same_source: bool = True) -> None:
         """Restore :meth:`state_dict`'s stream; ``window`` is the run's window count, for the open window's reach.
@@ -221,6 +225,7 @@ class StreamLoop:
         """
         self.planner.load_state_dict(state if same_source else {**state, "source": {}}, window)
         self.stream.load_state_dict(state)
+        self.burn_in.load_state_dict(state)
 
     # -- one batch ---------------------------------------------------------------------------------------------
     def check_batch(self, x: Any, y: Any, starts: Any) -> tuple[int, Resets]:
@@ -268,20 +273,21 @@ class StreamLoop:
         self.model.train()
         if not self.carry_hidden:
             self.reset_stream()
+        y, resets, stops = self.burn_in.apply(y, length, resets, self.layout)
         batch = plan_batch(self.stream.position, length, ends_stream, resets)
         result = BatchResult(LossSum(), [])
-        for plan, segment, swept in self._segments(batch, x, y, resets, keep_predictions):
+        for plan, segment, swept in self._segments(batch, x, y, resets, keep_predictions, stops):
             result.loss.add(segment.loss, segment.targets, plan.whole_window)
             result.predictions.append(segment.predictions)
             self.segment_done(batch, plan, segment, swept)
         return result
 
     def _segments(
-        self, batch: BatchPlan, x: Any, y: Any, resets: Resets, keep_predictions: bool
+        self, batch: BatchPlan, x: Any, y: Any, resets: Resets, keep: bool, stops: Resets
     ) -> Iterator[tuple[SegmentPlan, SegmentResult, bool]]:
         # Each segment of the batch as it runs, with its plan and whether a program swept its window: a window whole
         # as one program where planning says so, else segment by segment.
-        stream, planner, run, steps = self.stream, self.planner, self.executor.run, self.layout.steps
+        stream, planner, run, span = self.stream, self.planner, self.executor.run, self.layout.steps
         offset = batch.start
         # Read where it is used, as the optimizer step has it now (a distributed run's is known once the run starts).
         walk = self.walk
@@ -290,13 +296,13 @@ class StreamLoop:
             if planner.window is None:
                 self.open_window()
                 if self.window_programs is not None:
-                    swept = self._run_program(batch, x, y, resets, keep_predictions)
+                    swept = self._run_program(batch, x, y, resets, keep)
                     if swept is not None:
                         yield from swept
                         continue
             for plan in walk.segments(batch, stream.position):
                 start, end = plan.start - offset, plan.end - offset
-                result = run(plan, steps(x, start, end), steps(y, start, end), resets.get(start), keep_predictions)
+                result = run(plan, span(x, start, end), span(y, start, end), resets.get(start), keep, stops.get(start))
                 yield plan, result, False
 
     def _run_program(

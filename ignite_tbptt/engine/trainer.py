@@ -12,6 +12,7 @@ from ignite.engine import Engine
 
 from ..checks import callable_or_none, called_as, positive_int
 from ..data.batch import prepare_batch as default_prepare_batch
+from ..data.masks import count_targets
 from ..layout import Layout
 from ..planning import Schedule, WindowSource
 from ..runtime import (
@@ -23,6 +24,7 @@ from ..runtime import (
     device_type_of,
     refuse_own_dropout_state,
 )
+from .burn_in import BurnIn
 from .engine import DeterministicTBPTTEngine, TBPTTEngine
 from .optimizer_step import OptimizerStep
 from .process import TBPTTProcessFunction
@@ -58,6 +60,8 @@ class TrainingOptions(TypedDict, total=False):
     module_state: Sequence[str] | None
     initial_state: Callable[[int], Any] | None
     cuda_graphs: bool | Literal["uncaptured", "recorded"]
+    burn_in: int
+    burn_in_gradient: bool
 
 
 #: Each option's default, as :func:`create_tbptt_trainer` documents it.
@@ -78,6 +82,8 @@ _DEFAULTS: TrainingOptions = {
     "module_state": None,
     "initial_state": None,
     "cuda_graphs": False,
+    "burn_in": 0,
+    "burn_in_gradient": True,
 }
 
 
@@ -144,6 +150,10 @@ def tbptt_training_step(
     if execution is Execution.CUDA_GRAPHS:
         refuse_own_dropout_state(model, "cuda_graphs=True", "cuda_graphs=False", captured=True)
     recompute = _recompute(o["recompute"], model, device_type, execution)
+    burn_in = _burn_in(o["burn_in"], o["burn_in_gradient"], recompute, execution)
+    target_count_fn = o["target_count_fn"]
+    if burn_in is not None and target_count_fn is None:  # the burn-in's targets are padding: they are not counted
+        target_count_fn = count_targets
     scaler = _scaler(o["scaler"], device_type, o["autocast_dtype"])
     optimizer_step = _optimizer_step(optimizer, scaler, accumulation, execution)
     model_call = build_model_call(
@@ -169,9 +179,10 @@ def tbptt_training_step(
         non_blocking=o["non_blocking"],
         prepare_batch=o["prepare_batch"],
         output_transform=o["output_transform"],
-        target_count_fn=o["target_count_fn"],
+        target_count_fn=target_count_fn,
         recompute=recompute,
         execution=execution,
+        burn_in=burn_in,
     )
 
 
@@ -248,6 +259,25 @@ def _check_options(options: TrainingOptions) -> None:
     autocast_dtype = options.get("autocast_dtype")
     if autocast_dtype is not None and not isinstance(autocast_dtype, torch.dtype):
         raise TypeError(f"autocast_dtype must be a torch.dtype such as torch.bfloat16, got {autocast_dtype!r}.")
+
+
+def _burn_in(steps: Any, gradient: Any, recompute: int | None, execution: Execution) -> BurnIn | None:
+    # The burn-in the options ask for (None for burn_in=0), or the error naming the option and the fix.
+    if isinstance(steps, bool) or not isinstance(steps, int):
+        raise TypeError(f"burn_in must be an int, the burn-in's steps (0 for none), got {steps!r}.")
+    if steps < 0:
+        raise ValueError(f"burn_in must be 0 (no burn-in) or more steps, got {steps}.")
+    if not isinstance(gradient, bool):
+        raise TypeError(f"burn_in_gradient must be True or False, got {gradient!r}.")
+    if steps == 0:
+        return None
+    if not gradient and (recompute is not None or execution is not Execution.EAGER):
+        option = "recompute" if recompute is not None else "cuda_graphs"
+        raise ValueError(
+            f"burn_in_gradient=False stops each column's gradient where its burn-in ends, which {option} does not "
+            f"carry out yet: leave {option} out, or keep the gradient through the burn-in (burn_in_gradient=True)."
+        )
+    return BurnIn(steps, gradient)
 
 
 def _check_model(model: Any, optimizer: Any, loss_fn: Any) -> None:
@@ -345,6 +375,15 @@ def create_tbptt_trainer(
             CUDA, k2 >= k1; windows of k2 > k1 or ``recompute`` run eagerly, counted in ``state.programs.eager``);
             ``"uncaptured"`` and ``"recorded"`` run the same programs on any device (docs/howto/cuda-graphs.md).
             Default: False.
+        burn_in (int): the first ``burn_in`` steps after each fresh start (a stream's start, every batch's without
+            ``carry_hidden``, and each sequence start) run the model and carry its state on, but their targets are
+            marked as padding (NaN, or -100 for class indices), so ``loss_fn`` must leave padding out
+            (:func:`~ignite_tbptt.masked_loss`, ``ignore_index``) and the counted targets (``target_count_fn``,
+            :func:`~ignite_tbptt.count_targets` when not given) are those after the burn-in; a burn-in may span
+            batches (docs/howto/burn-in.md; Schiller et al., ICLR 2026). Default: 0, none.
+        burn_in_gradient (bool): True: later losses backpropagate through the burn-in steps within k2. False: each
+            column's gradient stops at the state where its burn-in ends, as R2D2's burn-in (Kapturowski et al., ICLR
+            2019, section 3); not with ``recompute`` or ``cuda_graphs``. Default: True.
 
     Returns:
         A :class:`~ignite_tbptt.TBPTTEngine` (:class:`~ignite_tbptt.DeterministicTBPTTEngine` if ``deterministic``);
@@ -358,7 +397,8 @@ def create_tbptt_trainer(
             given (``target_count_fn(y_pred, y)``, ...); a ``model`` whose ``forward`` needs the state at a stream's
             start, without ``initial_state`` or ``model_fn``; during a run, a batch, ``model_fn``'s or
             ``loss_fn``'s result, or a hidden state the trainer cannot read, named by its path.
-        ValueError: ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` not positive; ``optimizer``
+        ValueError: ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` not positive; ``burn_in``
+            negative, or ``burn_in_gradient=False`` with ``recompute`` or ``cuda_graphs``; ``optimizer``
             without ``model``'s parameters; ``cuda_graphs`` unknown or what it needs missing, or ``cuda_graphs=True``
             with a recurrent module whose dropout between layers cuDNN draws from its own state
             (docs/howto/cuda-graphs.md); during a run, a batch that does not fit, before it changes anything;

@@ -46,7 +46,7 @@ from .programs import (
     WindowProgram,
     build_executor,
 )
-from .reset import Resets, check_resettable, default_reset_hidden, reset_to
+from .reset import Resets, check_resettable, default_reset_hidden, reset_to, stop_gradient
 from .rng import refuse_own_dropout_state
 from .sharded import is_sharded, reduce_gradients_by_sum
 from .step_body import gradients_of, parameters_of, step_optimizer, unscale_and_divide
@@ -73,6 +73,7 @@ __all__ = [
     "default_reset_hidden",
     "check_resettable",
     "reset_to",
+    "stop_gradient",
     "refuse_own_dropout_state",
     "ModuleState",
     "attributes_with_graph",

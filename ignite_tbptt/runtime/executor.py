@@ -25,7 +25,7 @@ from .loss_rule import LossRule
 from .model_call import ModelCall
 from .module_state import check_attributes, check_state_cut
 from .profiling import NO_CONTEXT, profiled, profiling
-from .reset import check_resettable
+from .reset import check_resettable, stop_gradient
 from .stream import StreamState
 
 __all__ = ["SegmentExecutor", "SegmentResult"]
@@ -73,7 +73,13 @@ class SegmentExecutor:
         self._columns_to_check = columns
 
     def run(
-        self, plan: SegmentPlan, x: Any, y: Any, resets: torch.Tensor | None, keep_predictions: bool = False
+        self,
+        plan: SegmentPlan,
+        x: Any,
+        y: Any,
+        resets: torch.Tensor | None,
+        keep_predictions: bool = False,
+        stops: torch.Tensor | None = None,
     ) -> SegmentResult:
         """Run the segment as ``plan`` says: forward, pay or owe its loss gradient, retain what is needed.
 
@@ -83,6 +89,8 @@ class SegmentExecutor:
             y: its targets, narrowed alike.
             resets: the columns (shape ``(B,)``, bool) that start a new sequence at its first step, or ``None``.
             keep_predictions: return the detached predictions (for ``output_transform``).
+            stops: the columns (shape ``(B,)``, bool) whose gradient stops at the segment's input state (the end of
+                a burn-in run without gradient, :func:`~ignite_tbptt.runtime.stop_gradient`), or ``None``.
 
         Returns:
             A :class:`SegmentResult`. The stream's position, hidden state, retained history and open window's loss
@@ -106,7 +114,7 @@ class SegmentExecutor:
             recomputation = Recomputation(
                 x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets
             )
-        y_pred, hidden_out = self._forward(plan, x, hidden_in, resets)
+        y_pred, hidden_out = self._forward(plan, x, hidden_in, resets, stops)
         if not self._state_cut_checked and hs.has_graph(hidden):  # once, before its backward pass
             check_state_cut(hidden_out, hidden)
             self._state_cut_checked = True
@@ -161,8 +169,12 @@ class SegmentExecutor:
             )
         return n
 
-    def _forward(self, plan: SegmentPlan, x: Any, hidden_in: Any, resets: torch.Tensor | None) -> tuple[Any, Any]:
+    def _forward(
+        self, plan: SegmentPlan, x: Any, hidden_in: Any, resets: torch.Tensor | None, stops: torch.Tensor | None = None
+    ) -> tuple[Any, Any]:
         versions = self.stream.history.versions
+        if stops is not None and hidden_in is not None:  # a burn-in without gradient ends: the columns' gradient stops
+            hidden_in = stop_gradient(hidden_in, stops)
         try:
             if plan.rebuilt or profiling():
                 with torch.no_grad() if plan.rebuilt else NO_CONTEXT, profiled("tbptt.forward"):

@@ -10,7 +10,7 @@ from torch.utils import _pytree as pytree
 
 from . import hidden as hs
 
-__all__ = ["Resets", "default_reset_hidden", "check_resettable", "reset_to"]
+__all__ = ["Resets", "default_reset_hidden", "check_resettable", "reset_to", "stop_gradient"]
 
 #: The columns that start a sequence (``(B,)`` bool), by step of the batch; ``None`` at a step where only another
 #: process's do (a model sharded by FSDP2, which runs no program).
@@ -95,3 +95,22 @@ def reset_to(hidden: Any, starts: torch.Tensor, initial: Any) -> Any:
         return torch.where(starts.view(1, -1, 1) if dim == 1 else starts.view(-1, 1), init.to(t.dtype), t)
 
     return pytree.tree_map(reset, hidden, initial)
+
+
+def stop_gradient(hidden: Any, columns: torch.Tensor) -> Any:
+    """The hidden state with no gradient flowing back through the ``columns`` (``(B,)`` bool): the same values.
+
+    Where a burn-in run without gradient ends (SPEC.md, "Burn-in"), the state of the columns whose burn-in ends is
+    where their gradient stops, as a detached state would be; the other columns' gradient flows on. Tensors are
+    matched in their batch dimension as :func:`default_reset_hidden` matches them.
+
+    Raises:
+        ValueError: if a tensor of ``hidden`` has no batch dimension of ``B`` where the default reset looks.
+    """
+    batch = columns.shape[0]
+
+    def stop(t: torch.Tensor) -> torch.Tensor:
+        dim = _batch_dim(t, batch)
+        return torch.where(columns.view(1, -1, 1) if dim == 1 else columns.view(-1, 1), t.detach(), t)
+
+    return pytree.tree_map_only(torch.Tensor, stop, hidden)

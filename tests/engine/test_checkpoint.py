@@ -61,6 +61,14 @@ def test_resuming_with_sequence_starts_is_bit_identical(tmp_path, k1, k2, recomp
     resume_and_compare(tmp_path, k1, k2, 2, False, 7, batches=WITH_STARTS, recompute=recompute)
 
 
+@pytest.mark.parametrize("gradient", [True, False], ids=["burn-in with gradient", "without"])
+def test_resuming_inside_a_burn_in_is_bit_identical(tmp_path, gradient):
+    # The columns started sequences at steps 18, 16 and 17, inside the batch the run stops after: their burn-ins of
+    # 4 steps end 1, 3 and 2 steps into the next batch, which each column's count in the checkpoint says.
+    options = {"burn_in": 4, "burn_in_gradient": gradient}
+    resume_and_compare(tmp_path, 3, 7, 2, False, 7, batches=WITH_STARTS, **options)
+
+
 def resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at, edit=None, batches=BATCHES, **options):
     def seeded():
         torch.manual_seed(0)

@@ -1,0 +1,210 @@
+"""Burn-in (SPEC.md, "Burn-in") against a brute-force TBPTT that applies it step by step, in float64.
+
+The reference shares no code with the package: it runs the stream one step at a time, counts each column's steps
+since its fresh start in a Python loop, leaves the burn-in steps' targets out of each step's loss and count, and,
+without gradient, detaches a column's state where its burn-in ends inside every rebuilt computation.
+"""
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from ignite_tbptt import create_tbptt_trainer, masked_loss
+from ignite_tbptt.engine.burn_in import BurnIn
+
+from ..reference import Net, spec_cut, zero_columns
+
+masked_mse = masked_loss(torch.nn.functional.mse_loss)
+
+
+def batches(count=3, length=11, columns=3, seed=0, starts=True, padding=True):
+    g = torch.Generator().manual_seed(seed)
+    data = []
+    for _ in range(count):
+        x = torch.randn(length, columns, 3, generator=g, dtype=torch.float64)
+        y = torch.randn(length, columns, 4, generator=g, dtype=torch.float64)
+        if padding:
+            y[8:, 0] = float("nan")
+        s = torch.rand(length, columns, generator=g) < 0.12
+        data.append((x, y, s) if starts else (x, y))
+    return data
+
+
+def burned(starts, length, columns, m):
+    """(T, B) bool: the steps inside a burn-in of ``m``, counted in Python from each fresh start."""
+    mask = torch.zeros(length, columns, dtype=torch.bool)
+    for b in range(columns):
+        since = 0
+        for t in range(length):
+            if starts is not None and bool(starts[t, b]):
+                since = 0
+            mask[t, b] = since < m
+            since += 1
+    return mask
+
+
+def reference(model, optimizer, data, k1, k2, m, gradient, carry_hidden, accumulation=1, epochs=2):
+    names = [name for name, _ in model.named_parameters()]
+
+    def call(params, x, hidden):
+        return functional_call(model, params, (x,) if hidden is None else (x, hidden))
+
+    def entering(h, starts, v, mask, columns):
+        if h is None:
+            return h
+        if starts is not None and bool(starts[v].any()):
+            h = zero_columns(h, starts[v])
+        if not gradient and v > 0:
+            ends = mask[v - 1] & ~mask[v] & (starts[v] == 0 if starts is not None else True)
+            if bool(ends.any()):
+                h = tuple(torch.where(ends[None, :, None], t.detach(), t) for t in h)
+        return h
+
+    def apply(total, groups):
+        for name, p in model.named_parameters():
+            p.grad = None if total[name] is None else total[name] / groups[1]
+        optimizer.step()
+        for name in names:
+            total[name] = None
+        groups[0] = groups[1] = 0
+
+    data = [(*b, None) if len(b) == 2 else b for b in data]
+    for _ in range(epochs):
+        if carry_hidden:
+            x, y, s = (torch.cat(parts) if parts[0] is not None else None for parts in zip(*data))
+            streams = [(x, y, s)]
+        else:
+            streams = data
+        total, groups = {name: None for name in names}, [0, 0]  # windows, targets
+        for x, y, starts in streams:
+            length, columns = x.shape[0], x.shape[1]
+            mask = burned(starts, length, columns, m)
+            hiddens, params_at = [None], []
+            start = 0
+            for t in range(length):
+                params_at.append({name: p.detach().clone() for name, p in model.named_parameters()})
+                with torch.no_grad():
+                    _, h = call(params_at[t], x[t : t + 1], entering(hiddens[t], starts, t, mask, columns))
+                hiddens.append(h)
+                end = t + 1
+                if end - start < k1 and end < length:
+                    continue
+                cut = spec_cut(k1, k2, start, end)
+                for u in range(start, end):
+                    keep = ~mask[u]
+                    y_u = y[u : u + 1, keep]
+                    n = int((~torch.isnan(y_u)).sum())
+                    if n == 0:
+                        continue
+                    first = cut if u >= cut else u
+                    copies = [
+                        {name: q.clone().requires_grad_() for name, q in params_at[v].items()}
+                        for v in range(first, u + 1)
+                    ]
+                    h = hiddens[first]
+                    for v, params in zip(range(first, u + 1), copies):
+                        y_pred, h = call(params, x[v : v + 1], entering(h, starts, v, mask, columns))
+                    loss = masked_mse(y_pred[:, keep], y_u) * n
+                    leaves = [params[name] for params in copies for name in names]
+                    for i, g in enumerate(torch.autograd.grad(loss, leaves, allow_unused=True)):
+                        if g is not None:
+                            name = names[i % len(names)]
+                            total[name] = g if total[name] is None else total[name] + g
+                    groups[1] += n
+                groups[0] += 1
+                if groups[0] == accumulation:
+                    apply(total, groups)
+                start = end
+        if groups[0]:
+            apply(total, groups)
+
+
+def trained(data, k1, k2, m, gradient, carry_hidden, accumulation=1, use_reference=False):
+    torch.manual_seed(0)
+    model = Net().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
+    if use_reference:
+        reference(model, optimizer, data, k1, k2, m, gradient, carry_hidden, accumulation)
+        return model
+    trainer = create_tbptt_trainer(
+        model,
+        optimizer,
+        masked_mse,
+        k1,
+        k2,
+        carry_hidden=carry_hidden,
+        gradient_accumulation_steps=accumulation,
+        burn_in=m,
+        burn_in_gradient=gradient,
+    )
+    trainer.run(data, max_epochs=2)
+    return model
+
+
+CASES = {
+    "k1 = k2": (5, 5, 3, True, 1),
+    "k2 > k1, a multiple": (3, 6, 2, True, 1),
+    "k2 > k1, not a multiple": (3, 7, 4, True, 2),
+    "per token": (1, 8, 3, True, 1),
+    "k2 < k1": (6, 2, 3, True, 1),
+    "a burn-in across batches": (4, 8, 14, True, 1),
+}
+
+
+@pytest.mark.parametrize("gradient", [True, False], ids=["with gradient", "without gradient"])
+@pytest.mark.parametrize("carry_hidden", [True, False], ids=["carried", "a stream a batch"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_burn_in_trains_what_brute_force_tbptt_with_burn_in_trains(case, carry_hidden, gradient):
+    k1, k2, m, _, accumulation = CASES[case]
+    data = batches()
+    ours = trained(data, k1, k2, m, gradient, carry_hidden, accumulation)
+    expected = trained(data, k1, k2, m, gradient, carry_hidden, accumulation, use_reference=True)
+    for p, q in zip(ours.parameters(), expected.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
+
+
+def test_the_two_variants_differ_where_a_later_loss_reaches_into_the_burn_in():
+    # TBPTT(3, 7): each window reaches 4 steps before its start, into the burn-in of 4 after every fresh start.
+    data = batches(starts=False, padding=False)
+    with_gradient, without = (trained(data, 3, 7, 4, gradient, carry_hidden=False) for gradient in (True, False))
+    assert not all(torch.equal(p, q) for p, q in zip(with_gradient.parameters(), without.parameters()))
+
+
+def test_the_burn_in_count_is_carried_across_batches_and_reset_where_a_sequence_starts():
+    burn_in = BurnIn(3, gradient=False)
+    first, stops = burn_in.batch(2, 2, {}, "cpu")  # a stream's first two steps
+    assert first.tolist() == [[True, True], [True, True]] and stops == {}
+    second, stops = burn_in.batch(3, 2, {1: torch.tensor([False, True])}, "cpu")
+    assert second.tolist() == [[True, True], [False, True], [False, True]]
+    assert list(stops) == [1] and stops[1].tolist() == [True, False]  # column 0's burn-in ends at step 1
+    assert burn_in.since.tolist() == [5, 2]
+
+
+def test_bad_burn_in_options_are_refused_with_the_fix():
+    model = Net().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"burn_in must be 0 \(no burn-in\) or more steps, got -1"):
+        create_tbptt_trainer(model, optimizer, masked_mse, 5, burn_in=-1)
+    with pytest.raises(TypeError, match=r"burn_in must be an int"):
+        create_tbptt_trainer(model, optimizer, masked_mse, 5, burn_in=2.5)
+    with pytest.raises(ValueError, match=r"burn_in_gradient=False .* recompute does not carry out yet"):
+        create_tbptt_trainer(model, optimizer, masked_mse, 5, burn_in=3, burn_in_gradient=False, recompute=2)
+
+
+def test_window_programs_train_the_burn_in_as_eager_windows_do():
+    # The burn-in is in the targets a program is given: k1 = k2, one window a step, windows replayed.
+    data = batches(length=12)
+
+    def run(**options):
+        torch.manual_seed(0)
+        model = Net().double()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5, fused=True)
+        trainer = create_tbptt_trainer(model, optimizer, masked_mse, 4, carry_hidden=True, burn_in=3, **options)
+        return model, trainer.run(data, max_epochs=2)
+
+    eager, _ = run()
+    programs, state = run(cuda_graphs="recorded")  # replayed on the CPU under a capture's rules
+    assert state.programs.kinds["window"]["replays"] > 0
+    # With sequence starts in the batches, programs and eager windows agree to rounding (as without a burn-in).
+    for p, q in zip(eager.parameters(), programs.parameters(), strict=True):
+        torch.testing.assert_close(q, p, rtol=0, atol=1e-14)
