@@ -9,7 +9,12 @@ optimization (``self.optimizers()``, ``manual_backward``, as Lightning's documen
 ``TBPTTModule``, each fitted by a ``Trainer`` without logger, checkpoints or progress bar. What matters is the
 difference of each pair: what ``TBPTTModule`` adds per window over the Lightning hand loop, against what
 ``create_tbptt_trainer`` adds over the plain one. A run's fixed cost (building the trainer, Lightning's set-up) is
-included in both members of a pair. Runs are interleaved and each method's time is its fastest run.
+included in both members of a pair. Runs are interleaved and each method's time is its fastest run. Two
+differences stay in the Lightning pair: the hand loop backpropagates through ``manual_backward``, which runs
+Lightning's backward hooks (the precision plugin's and the strategy's, ``on_before_backward``,
+``on_after_backward``) for each window, where ``TBPTTModule`` makes its own backward passes without them; and its
+chunks are of k1 steps (``split``), which the recipe's ``tensor_split(k)`` gives only where a batch has k * k steps
+(Lightning's example, 100 steps and k = 10), not here (200 steps, k1 = 5).
 
 **Lightning's own example** (its documentation's TBPTT page, since Lightning 2.0): ``AverageDataset``, 300
 sequences of 100 steps of 10 features, each target the sum of the input's two halves, one of them rolled by a

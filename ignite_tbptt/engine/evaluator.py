@@ -175,6 +175,7 @@ def create_tbptt_evaluator(
         initial_state=initial_state,
     )
 
+    @torch.no_grad()  # output_transform's too
     def evaluate(engine: Engine, batch: Sequence[Any]) -> Any:
         x, y, starts = split_batch(prepare_batch(batch, device=device, non_blocking=non_blocking))
         return output_transform(x, y, evaluation(x, starts))

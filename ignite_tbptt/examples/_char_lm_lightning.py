@@ -99,8 +99,9 @@ def lightning_trainer(args: argparse.Namespace, history: dict) -> Trainer:
     device = torch.device(args.device)
     return Trainer(
         max_epochs=args.epochs,
-        accelerator="cuda" if device.type == "cuda" else "cpu",
+        accelerator=device.type,
         devices=[device.index or 0] if device.type == "cuda" else 1,
+        # fp16 is refused on the CPU as the options are read, where Lightning would train bf16-mixed instead.
         precision={"none": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}[args.amp],
         logger=TensorBoardLogger(args.logdir, name="", version="", default_hp_metric=False),
         callbacks=[

@@ -267,6 +267,7 @@ def check(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 ("--cuda-graphs", args.cuda_graphs),
                 (f"--adaptive {args.adaptive}", args.adaptive),
                 (f"--reach {args.reach}", args.reach),
+                (f"--reach-stride {args.reach_stride}", args.reach_stride),
             )
             if used
         ]
@@ -287,6 +288,10 @@ def check_device(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     import torch  # the options are read: --device has imported it already, or its default has
 
     gpus, device = torch.cuda.device_count(), torch.device(args.device)
+    if args.amp == "fp16" and device.type == "cpu":
+        p.error(
+            "--amp fp16 on the CPU: its LSTM kernels (oneDNN) have none for float16; pass --amp bf16, or --device cuda."
+        )
     if args.cuda_graphs and device.type != "cuda":
         p.error(
             f"--cuda-graphs captures windows on a CUDA device, and the run is on {device.type}: pass "

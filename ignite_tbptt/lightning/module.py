@@ -124,13 +124,14 @@ class TBPTTModule(LightningModule):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        if "training_step" in cls.__dict__:
+        # As the class resolves them, so that a mixin listed before TBPTTModule is seen too.
+        if cls.training_step is not TBPTTModule.training_step:
             raise TypeError(
                 f"{cls.__name__} writes training_step, which TBPTTModule writes itself: it runs the batch's windows "
                 "and optimizer steps. Remove it; to change what a window computes, pass model_fn, loss_fn or "
                 "target_count_fn, and use Lightning's hooks (on_train_batch_end, ...) for the rest."
             )
-        unrun = [name for name in _BACKWARD_HOOKS if name in cls.__dict__]
+        unrun = [name for name in _BACKWARD_HOOKS if getattr(cls, name) is not getattr(LightningModule, name)]
         if unrun:
             raise TypeError(f"{cls.__name__} writes {unrun[0]}, {_BACKWARD_HOOKS_UNRUN}")
 
@@ -169,44 +170,13 @@ class TBPTTModule(LightningModule):
         #: (made as each validation epoch starts, under the Trainer's precision).
         self.evaluation: StreamEvaluation | None = None
 
-    # -- fit's start and end -----------------------------------------------------------------------------------
-    def on_fit_start(self) -> None:
-        """Make the trainer over Lightning's optimizer wrapper; refuse what it cannot train."""
-        if self.automatic_optimization:
-            raise ValueError("TBPTTModule runs under manual optimization: leave automatic_optimization False.")
-        precision = str(self.trainer.precision)
-        if precision not in _PRECISIONS:
-            raise ValueError(
-                f"TBPTTModule trains in 32- or 64-bit precision or under torch.autocast, and the Trainer has "
-                f"precision={precision!r}: pass Trainer(precision='32-true'), '16-mixed' or 'bf16-mixed'."
-            )
-        _refuse_strategy(self.trainer.strategy)
-        callbacks = self.trainer.callbacks  # type: ignore[attr-defined]  # a property Lightning adds to Trainer
-        for callback in callbacks:
-            unrun = [name for name in _BACKWARD_HOOKS[1:] if _overrides(callback, name)]
-            if unrun:
-                message = f"the callback {type(callback).__name__} writes {unrun[0]}, {_BACKWARD_HOOKS_UNRUN}"
-                warnings.warn(message, UserWarning, stacklevel=2)
-        if not any(isinstance(callback, _BeforeOptimizerStep) for callback in callbacks):
-            raise ValueError(
-                "configure_callbacks of this TBPTTModule leaves out the one TBPTTModule gives (it clips the gradients "
-                "and logs their norm in each optimizer step): return super().configure_callbacks() + [yours]."
-            )
+    # -- fit's start and end, run by _TBPTTCallback (a subclass may write Lightning's hooks without super()) ------
+    def _fit_started(self) -> None:
+        # Make the trainer over Lightning's optimizer wrapper; refuse what it cannot train.
+        _refuse_what_it_cannot_train(self)
+        self._counts, self._stepped = {"window": 0, "iteration": 0}, {}  # a checkpoint's are restored at train start
         optimizer = self.optimizers()
-        if isinstance(optimizer, list):
-            raise ValueError(
-                f"configure_optimizers gave {len(optimizer)} optimizers; TBPTTModule steps one. "
-                "Return one optimizer (several parameter groups if the parameters need other settings)."
-            )
-        # 16-mixed: each backward pass is scaled by the plugin's GradScaler, whose step (in the wrapper's) unscales,
-        # skips a step of inf/NaN gradients and updates the scale. training_step runs under the plugin's autocast.
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if scaler is not None and self.gradient_clip_val is not None and skips_on_device(optimizer):
-            raise ValueError(
-                f"{type(optimizer.optimizer).__name__} unscales the gradients inside its own step (fused=True), after "
-                "the clipping, which would then clip scaled gradients; Lightning refuses it too: pass fused=False, or "
-                "no gradient_clip_val, with precision='16-mixed'."
-            )
+        scaler = _scaler(self, optimizer)
         self.tbptt = tbptt_training_step(
             self.model,
             optimizer,
@@ -226,8 +196,8 @@ class TBPTTModule(LightningModule):
         self.tbptt.start_run()
         self.tbptt.loop.reset()
 
-    def on_train_start(self) -> None:
-        """Restore the stream's state of a checkpoint Lightning resumed from (its counters are restored by now)."""
+    def _train_started(self) -> None:
+        # Restore the stream's state of a checkpoint Lightning resumed from (its counters are restored by now).
         self._refuse_batches_dealt_out()
         loaded, self._loaded = self._loaded, None
         if loaded is None:
@@ -241,6 +211,12 @@ class TBPTTModule(LightningModule):
             )
         if self.trainer.fit_loop.restarted_mid_epoch:
             self._refuse_a_loader_that_starts_over()
+            if self.trainer.world_size > 1:  # the checkpoint holds rank 0's stream only
+                raise ValueError(
+                    "the checkpoint was taken inside an epoch of a run on several processes, and it holds the stream "
+                    "(hidden state, accumulated windows) of the first process only: resume from a checkpoint taken "
+                    "at an epoch's end, ModelCheckpoint(save_on_train_epoch_end=True)."
+                )
             self._resumed_mid_epoch = True  # the stream restored here goes on in the epoch Lightning restarts
         self._counts = dict(loaded["counts"])
         step.loop.load_state_dict(loaded["state"], self._counts["window"])
@@ -274,21 +250,22 @@ class TBPTTModule(LightningModule):
                 "ModelCheckpoint(save_on_train_epoch_end=True)."
             )
 
-    def on_train_epoch_start(self) -> None:
-        """A new stream per epoch (per batch without ``carry_hidden``), but in the epoch a checkpoint resumes."""
+    def _epoch_started(self) -> None:
+        # A new stream per epoch (per batch without carry_hidden), but in the epoch a checkpoint resumes.
         resumed, self._resumed_mid_epoch = self._resumed_mid_epoch, False
         if not resumed:
             self._trainer_step().loop.reset_stream()
 
-    def on_train_epoch_end(self) -> None:
-        """Close a stream the epoch left open (a loader without a length), and step the epoch's schedulers."""
+    def _epoch_ended(self) -> None:
+        # Close a stream the epoch left open, and step the epoch's schedulers.
+        self._resumed_mid_epoch = False
         loop = self._trainer_step().loop
         if loop.stream.position > 0:
             loop.end_stream()
         self._raise_if_failed()
         for config in self.trainer.lr_scheduler_configs:
             if config.interval == "epoch" and (self.current_epoch + 1) % config.frequency == 0:
-                config.scheduler.step()  # type: ignore[call-arg]  # not ReduceLROnPlateau: no monitor here
+                self.lr_scheduler_step(config.scheduler, None)
 
     # -- the batch ---------------------------------------------------------------------------------------------
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
@@ -297,14 +274,19 @@ class TBPTTModule(LightningModule):
         self._counts["iteration"] += 1
         _split(batch)
         batches = self.trainer.num_training_batches
-        epoch_ends = not math.isinf(batches) and batch_idx + 1 == batches
+        epoch_ends = (  # a loader without a length: Lightning knows its last batch as it fetches it
+            self.trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+            if math.isinf(batches)
+            else batch_idx + 1 == batches
+        )
         with self._without_lightnings_autocast():
             _, _, result = step.train_batch(batch, epoch_ends)
         if epoch_ends and step.loop.failed is None:  # inside training_step, where Lightning counts the steps
             step.loop.end_stream()
         self._raise_if_failed()
         loss = result.loss.mean()
-        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True)
+        # Weighed by its targets: the epoch's value is the mean over them.
+        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=max(result.loss.targets, 1))
         # Lightning's logger keeps a batch's last value of what is logged on_step: the batch's last step's, logged
         # once rather than at every step (self.log costs tens of microseconds).
         stepped, self._stepped = self._stepped, {}
@@ -313,11 +295,22 @@ class TBPTTModule(LightningModule):
         return loss
 
     def configure_callbacks(self) -> list[Callback]:
-        """The callback that clips the gradients and logs their norm inside each optimizer step (keep it)."""
-        return [_BeforeOptimizerStep()]
+        """The callback that runs the trainer's part of Lightning's hooks: keep it (``super().configure_callbacks()``).
 
-    def on_validation_epoch_start(self) -> None:
-        """A new validation stream: its first batch starts from the initial state."""
+        It builds the trainer as fit starts, starts and ends each epoch's stream, saves and restores the stream with
+        checkpoints and clips the gradients inside each optimizer step; a subclass's own hooks then need no
+        ``super()`` call.
+        """
+        return [_TBPTTCallback()]
+
+    def on_validation_model_zero_grad(self) -> None:
+        """Keep the gradients: windows accumulated towards the next optimizer step wait in them across validation.
+
+        The trainer clears the gradients itself, at each step's first window.
+        """
+
+    def _validation_started(self) -> None:
+        # A new validation stream: its first batch starts from the initial state.
         shared = ("time_dim", "carry_hidden", "model_fn", "reset_hidden", "module_state", "initial_state")
         options = {name: self.tbptt_options[name] for name in shared if name in self.tbptt_options}
         self.evaluation = StreamEvaluation(self.model, autocast_dtype=self._autocast_dtype(), **options)
@@ -329,16 +322,19 @@ class TBPTTModule(LightningModule):
         to the next batch, as in training.
         """
         x, y, starts = _split(batch)
-        assert self.evaluation is not None, "made as the validation epoch starts"
+        if self.evaluation is None:  # the callback's epoch start did not run: trainer.validate() without a fit
+            self._validation_started()
+        assert self.evaluation is not None, "made just above if not before"
         # Lightning validates under inference_mode, whose tensors have no version counter for the model call's
-        # check that a model changes no state in place: no_grad instead, as create_tbptt_evaluator runs.
-        with self._without_lightnings_autocast(), torch.inference_mode(False):
+        # check that a model changes no state in place: no_grad instead, as create_tbptt_evaluator runs. The loss
+        # outside Lightning's autocast too, as create_tbptt_evaluator's metrics compute it.
+        with self._without_lightnings_autocast(), torch.inference_mode(False), torch.no_grad():
             y_pred = self.evaluation(x.clone() if x.is_inference() else x, starts)
-        count = self.tbptt_options.get("target_count_fn")
-        targets = int(count(y_pred, y) if count is not None else count_targets(y))
-        loss = self.loss_fn(y_pred, y)
-        if targets:  # a batch of padding only adds nothing, not its NaN mean
-            self.log("val_loss", loss, prog_bar=True, on_epoch=True, batch_size=targets)
+            count = self.tbptt_options.get("target_count_fn")
+            targets = int(count(y_pred, y) if count is not None else count_targets(y))
+            loss = self.loss_fn(y_pred, y)
+        if targets:  # a batch of padding only adds nothing, not its NaN mean; summed over processes (DDP)
+            self.log("val_loss", loss, prog_bar=True, on_epoch=True, batch_size=targets, sync_dist=True)
         return loss
 
     def _autocast_dtype(self) -> torch.dtype | None:
@@ -357,18 +353,22 @@ class TBPTTModule(LightningModule):
 
     def _trainer_step(self) -> TBPTTProcessFunction:
         if self.tbptt is None:
-            raise RuntimeError("TBPTTModule trains inside Lightning's Trainer.fit: its trainer is made as fit starts.")
+            raise RuntimeError(
+                "TBPTTModule's trainer is made as Lightning's Trainer.fit starts, by the callback configure_callbacks "
+                "returns, which did not run: return super().configure_callbacks() + [yours]."
+            )
         return self.tbptt
 
     # -- checkpoints -------------------------------------------------------------------------------------------
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Save the stream's state (window counters, accumulated windows, the window source's) with Lightning's."""
+    def _save(self, checkpoint: dict[str, Any]) -> None:
+        # The stream's state (window counters, accumulated windows, the window source's) beside Lightning's.
         if self.tbptt is not None:
             checkpoint["ignite_tbptt"] = {"state": self.tbptt.state_dict(), "counts": dict(self._counts)}
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Keep the stream's state until training starts (:meth:`on_train_start`), after Lightning's own."""
-        self._loaded = checkpoint.get("ignite_tbptt")
+    def _load(self, checkpoint: dict[str, Any]) -> None:
+        # Kept until training starts (_train_started), after Lightning's own state; only where fit resumes from it
+        # (trainer.validate(ckpt_path=...) restores no stream).
+        self._loaded = checkpoint.get("ignite_tbptt") if self.trainer.state.fn == "fit" else None
 
 
 class _LightningListener:
@@ -401,7 +401,7 @@ class _LightningListener:
         raise AssertionError("TBPTTModule runs no step programs")
 
     def step_started(self, targets: int, in_program: bool = False) -> None:
-        pass  # clipping waits for the gradients unscaled, inside the step: _BeforeOptimizerStep
+        pass  # clipping waits for the gradients unscaled, inside the step: _TBPTTCallback
 
     def step_completed(self) -> None:
         module = self.module
@@ -410,15 +410,37 @@ class _LightningListener:
         torch.clear_autocast_cache()
         for config in module.trainer.lr_scheduler_configs:
             if config.interval == "step" and module.global_step % config.frequency == 0:
-                config.scheduler.step()  # type: ignore[call-arg]  # not ReduceLROnPlateau: no monitor here
+                module.lr_scheduler_step(config.scheduler, None)
 
     def window_completed(self, window: Any) -> None:
         pass
 
 
-class _BeforeOptimizerStep(Callback):
-    # Lightning's point where a step's gradients are final: divided by the step's target count, unscaled (16-mixed),
-    # before the scaler decides on the step. The gradients are clipped there.
+class _TBPTTCallback(Callback):
+    # TBPTTModule's part in Lightning's hooks, here rather than in the module's own hooks, which a subclass may write
+    # without calling super(). Clipping runs at Lightning's point where a step's gradients are final: divided by the
+    # step's target count, unscaled (16-mixed), before the scaler decides on the step.
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        pl_module._fit_started()
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        pl_module._train_started()
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        pl_module._epoch_started()
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        pl_module._epoch_ended()
+
+    def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        pl_module._validation_started()
+
+    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        pl_module._save(checkpoint)
+
+    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+        pl_module._load(checkpoint)
 
     def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
         clip = pl_module.gradient_clip_val
@@ -448,6 +470,50 @@ def _split(batch: Any) -> tuple[Any, Any, Any]:
             "the DataLoader's collate_fn, or transfer_batch_to_device, give that layout."
         )
     return split_batch(batch)
+
+
+def _refuse_what_it_cannot_train(module: TBPTTModule) -> None:
+    # What fit's start refuses, before anything trains; a callback with backward hooks is warned of.
+    if module.automatic_optimization:
+        raise ValueError("TBPTTModule runs under manual optimization: leave automatic_optimization False.")
+    precision = str(module.trainer.precision)
+    if precision not in _PRECISIONS:
+        raise ValueError(
+            f"TBPTTModule trains in 32- or 64-bit precision or under torch.autocast, and the Trainer has "
+            f"precision={precision!r}: pass Trainer(precision='32-true'), '16-mixed' or 'bf16-mixed'."
+        )
+    _refuse_strategy(module.trainer.strategy)
+    for callback in module.trainer.callbacks:  # type: ignore[attr-defined]  # a property Lightning adds to Trainer
+        unrun = [name for name in _BACKWARD_HOOKS[1:] if _overrides(callback, name)]
+        if unrun:
+            message = f"the callback {type(callback).__name__} writes {unrun[0]}, {_BACKWARD_HOOKS_UNRUN}"
+            warnings.warn(message, UserWarning, stacklevel=2)
+    for config in module.trainer.lr_scheduler_configs:
+        if isinstance(config.scheduler, torch.optim.lr_scheduler.ReduceLROnPlateau):
+            raise ValueError(
+                "configure_optimizers gave a ReduceLROnPlateau, which steps on a monitored metric that Lightning "
+                "drops under manual optimization: step it yourself on val_loss (on_validation_epoch_end), or "
+                "use a scheduler that steps by count."
+            )
+
+
+def _scaler(module: TBPTTModule, optimizer: Any) -> torch.amp.GradScaler | None:
+    # One optimizer, and the precision plugin's GradScaler (16-mixed) if any, which it can clip under.
+    if isinstance(optimizer, list):
+        raise ValueError(
+            f"configure_optimizers gave {len(optimizer)} optimizers; TBPTTModule steps one. "
+            "Return one optimizer (several parameter groups if the parameters need other settings)."
+        )
+    # 16-mixed: each backward pass is scaled by the plugin's GradScaler, whose step (in the wrapper's) unscales,
+    # skips a step of inf/NaN gradients and updates the scale. training_step runs under the plugin's autocast.
+    scaler = getattr(module.trainer.precision_plugin, "scaler", None)
+    if scaler is not None and module.gradient_clip_val is not None and skips_on_device(optimizer):
+        raise ValueError(
+            f"{type(optimizer.optimizer).__name__} unscales the gradients inside its own step (fused=True), after "
+            "the clipping, which would then clip scaled gradients; Lightning refuses it too: pass fused=False, or "
+            "no gradient_clip_val, with precision='16-mixed'."
+        )
+    return scaler
 
 
 def _refuse_strategy(strategy: Any) -> None:

@@ -287,6 +287,15 @@ def test_more_processes_than_gpus_are_refused_with_the_fix(capsys, monkeypatch):
     assert "puts each process on a GPU of its own, and torch sees 1: pass --nproc 1" in capsys.readouterr().err
 
 
+def test_float16_on_the_cpu_is_refused_with_the_fix(capsys):
+    with pytest.raises(SystemExit):
+        char_lm.main([*STREAM, "--amp", "fp16"])
+    assert (
+        "--amp fp16 on the CPU: its LSTM kernels (oneDNN) have none for float16; pass --amp bf16"
+        in capsys.readouterr().err
+    )
+
+
 def test_processes_on_one_named_gpu_are_refused_with_the_fix(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(SystemExit):
@@ -364,8 +373,12 @@ def test_the_main_job_on_lightning_prints_what_the_ignite_run_prints_and_logs_to
     assert resumed["valid_bpc"] == [lightning["valid_bpc"][1]] and one["valid_bpc"] == lightning["valid_bpc"][:1]
 
 
-@pytest.mark.parametrize("option", [["--nproc", "2"], ["--adaptive", "0.1"], ["--reach", "5"]])
+@pytest.mark.parametrize(
+    "option",
+    [["--nproc", "2"], ["--fsdp"], ["--cuda-graphs"], ["--adaptive", "0.1"], ["--reach", "5"], ["--reach-stride", "2"]],
+)
 def test_the_ignite_trainers_own_options_are_refused_on_lightning_with_the_fix(capsys, option):
+    pytest.importorskip("lightning")  # else the missing Lightning is named first
     with pytest.raises(SystemExit):
         char_lm.main([*STREAM, "--trainer", "lightning", *option])
     err = capsys.readouterr().err

@@ -100,6 +100,55 @@ def test_lightning_trains_what_ignites_trainer_trains(case):
     assert lightning.global_step == ignite.state.optimizer_step > 0
 
 
+class HooksWithoutSuper(SGDModule):
+    # Lightning's hooks written as Lightning users write them, without super(): the trainer's part is in a callback.
+    def on_fit_start(self):
+        pass
+
+    def on_train_start(self):
+        pass
+
+    def on_train_epoch_start(self):
+        pass
+
+    def on_train_epoch_end(self):
+        pass
+
+    def on_save_checkpoint(self, checkpoint):
+        checkpoint["mine"] = 1
+
+    def on_load_checkpoint(self, checkpoint):
+        pass
+
+
+def test_hooks_a_subclass_writes_without_super_change_nothing():
+    # Three windows a step: the epoch's last windows are applied at its end, which on_train_epoch_end would skip.
+    data, options = batches(), {"carry_hidden": True, "gradient_accumulation_steps": 3}
+    eager, _ = trained_by_ignite(data, 5, 10, **options)
+    lit, _ = trained_by_lightning(data, 5, 10, module=HooksWithoutSuper, **options)
+    assert_equal_parameters(eager, lit)
+
+
+def test_validation_inside_an_epoch_keeps_the_windows_accumulated_for_the_next_step():
+    # Lightning clears the gradients before each validation; three windows a step straddle the batches it runs after.
+    data, options = batches(), {"carry_hidden": True, "gradient_accumulation_steps": 3}
+    eager, _ = trained_by_ignite(data, 5, 10, **options)
+    from lightning.pytorch import Callback
+
+    validated = []
+
+    class Count(Callback):
+        def on_validation_end(self, trainer, pl_module):
+            validated.append(trainer.fit_loop.epoch_loop.batch_progress.current.completed)
+
+    torch.manual_seed(1)
+    lit = SGDModule(Net().double(), mse_loss, 5, 10, **options)
+    trainer = lightning_trainer(2, val_check_interval=0.5, num_sanity_val_steps=0, callbacks=[Count()])
+    trainer.fit(lit, DataLoader(data, batch_size=None), DataLoader(batches(count=1, seed=9), batch_size=None))
+    assert validated == [2, 4, 2, 4]  # after the second and the last of each epoch's four batches
+    assert_equal_parameters(eager, lit)
+
+
 def test_sequence_starts_and_padding_with_target_counts():
     data = batches(starts=True, padding=True)
     options = {"carry_hidden": True, "target_count_fn": lambda y_pred, y: count_targets(y[..., 0]) * 4}
@@ -394,6 +443,15 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"precision='bf16-true'.*Trainer\(precision='32-true'\), '16-mixed'"):
         lightning_trainer(1, precision="bf16-true").fit(SGDModule(Net(), mse_loss, 5), train_dataloaders=data)
 
+    class Plateau(TBPTTModule):
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+            return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": "val_loss"}}
+
+    with pytest.raises(ValueError, match=r"ReduceLROnPlateau, .* step it yourself on val_loss"):
+        lightning_trainer(1).fit(Plateau(Net().double(), mse_loss, 5), train_dataloaders=data)
+
     class OwnCallbacks(SGDModule):
         def configure_callbacks(self):
             return [ModelCheckpoint()]
@@ -408,7 +466,7 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
     with pytest.raises(ValueError, match=r"SGD unscales the gradients inside its own step.*pass fused=False"):
         lightning_trainer(1, plugins=[fp16]).fit(Fused(Net(), mse_loss, 5, gradient_clip_val=1.0), data)
 
-    with pytest.raises(ValueError, match=r"leaves out the one TBPTTModule gives.*super\(\).configure_callbacks\(\)"):
+    with pytest.raises(RuntimeError, match=r"which did not run: return super\(\).configure_callbacks\(\) \+ \[yours\]"):
         lightning_trainer(1).fit(OwnCallbacks(Net().double(), mse_loss, 5), train_dataloaders=data)
     from lightning.pytorch.strategies import ModelParallelStrategy
 
@@ -434,9 +492,9 @@ def test_what_the_module_cannot_take_is_refused_with_the_fix():
     assert all(torch.equal(p, q) for p, q in zip(before, stateless.parameters()))  # nothing trained
 
     class Automatic(SGDModule):
-        def on_fit_start(self):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
             self.automatic_optimization = True
-            super().on_fit_start()
 
     with pytest.raises(ValueError, match=r"runs under manual optimization: leave automatic_optimization False"):
         lightning_trainer(1).fit(Automatic(Net().double(), mse_loss, 5), train_dataloaders=data)
