@@ -3,13 +3,16 @@
 :func:`stream_batches` cuts one token sequence into the pieces of a ``carry_hidden=True`` stream;
 :func:`pack_sequences` and :func:`pack_recordings` pack many sequences into the columns of such a stream, marking
 where each starts (batches ``(x, y, starts)``) and padding what is left; :func:`masked_loss` and
-:func:`count_targets` leave that padding out. :mod:`ignite_tbptt.data.batch` holds the checks every batch passes
+:func:`count_targets` leave that padding out. :class:`RecordingWindows` cuts windows from recordings for a
+``DataLoader`` to shuffle, each a stream of its own (with a burn-in), and :func:`recording_columns` lays a recording
+out as the columns of one stream. :mod:`ignite_tbptt.data.batch` holds the checks every batch passes
 and ``prepare_batch``; in a distributed run each process keeps its share of the columns
 (:mod:`ignite_tbptt.data.shards`). Modules here import torch, ignite and :mod:`ignite_tbptt.checks`.
 """
 
 from .batch import prepare_batch
 from .masks import count_targets, masked_loss
+from .recording_windows import RecordingWindows, recording_columns
 from .recordings import PackedRecordings, pack_recordings
 from .sequences import PackedSequences, pack_sequences
 from .shards import Shard, shard_of
@@ -21,6 +24,8 @@ __all__ = [
     "PackedSequences",
     "pack_recordings",
     "PackedRecordings",
+    "RecordingWindows",
+    "recording_columns",
     "masked_loss",
     "count_targets",
     "prepare_batch",
