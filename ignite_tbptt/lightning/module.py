@@ -209,7 +209,10 @@ class TBPTTModule(LightningModule):
                 f"({loaded['state']['configuration']}), this one is {step.configuration()}: resume with the same k1, "
                 "k2, window source, carry_hidden, recompute and gradient_accumulation_steps."
             )
-        if self.trainer.fit_loop.restarted_mid_epoch:
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress
+        # After the epoch's last batch (ModelCheckpoint(every_n_train_steps) landing there), the stream has ended.
+        last_done = progress.is_last_batch or progress.current.completed >= self.trainer.num_training_batches
+        if self.trainer.fit_loop.restarted_mid_epoch and not last_done:
             self._refuse_a_loader_that_starts_over()
             if self.trainer.world_size > 1:  # the checkpoint holds rank 0's stream only
                 raise ValueError(
@@ -285,8 +288,9 @@ class TBPTTModule(LightningModule):
             step.loop.end_stream()
         self._raise_if_failed()
         loss = result.loss.mean()
-        # Weighed by its targets: the epoch's value is the mean over them.
-        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=max(result.loss.targets, 1))
+        # Weighed by its targets, summed over processes: the epoch's value is the mean over all of them.
+        targets = max(result.loss.targets, 1)
+        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=True, batch_size=targets, sync_dist=True)
         # Lightning's logger keeps a batch's last value of what is logged on_step: the batch's last step's, logged
         # once rather than at every step (self.log costs tens of microseconds).
         stepped, self._stepped = self._stepped, {}

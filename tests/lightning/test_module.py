@@ -274,6 +274,26 @@ def test_resuming_inside_an_epoch_from_a_stateful_loader_gives_the_uninterrupted
     assert resumed._counts == uninterrupted._counts
 
 
+def test_a_checkpoint_after_the_epochs_last_batch_resumes_from_a_plain_loader(tmp_path):
+    # ModelCheckpoint(every_n_train_steps=6) lands on the first epoch's last batch (5 steps, and 1 as it ends):
+    # Lightning counts it inside the epoch, but the stream has ended and nothing is iterated again.
+    data, options = batches(), {"carry_hidden": True, "gradient_accumulation_steps": 3}
+
+    def module():
+        torch.manual_seed(1)
+        return SGDModule(Net().double(), mse_loss, 5, 10, **options)
+
+    uninterrupted = module()
+    lightning_trainer(2).fit(uninterrupted, DataLoader(data, batch_size=None))
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=6, save_on_train_epoch_end=False)
+    lightning_trainer(1, enable_checkpointing=True, callbacks=[checkpoints]).fit(
+        module(), DataLoader(data, batch_size=None)
+    )
+    resumed = module()
+    lightning_trainer(2).fit(resumed, DataLoader(data, batch_size=None), ckpt_path=tmp_path / "epoch=0-step=6.ckpt")
+    assert_equal_parameters(uninterrupted, resumed)
+
+
 def test_resuming_inside_an_epoch_from_a_loader_that_starts_over_is_refused(tmp_path):
     def module():
         return SGDModule(Net().double(), mse_loss, 5, 10, carry_hidden=True)
