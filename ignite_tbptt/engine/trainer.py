@@ -150,7 +150,7 @@ def tbptt_training_step(
     if execution is Execution.CUDA_GRAPHS:
         refuse_own_dropout_state(model, "cuda_graphs=True", "cuda_graphs=False", captured=True)
     recompute = _recompute(o["recompute"], model, device_type, execution)
-    burn_in = _burn_in(o["burn_in"], o["burn_in_gradient"], recompute, execution)
+    burn_in = _burn_in(o["burn_in"], o["burn_in_gradient"], execution)
     target_count_fn = o["target_count_fn"]
     if burn_in is not None and target_count_fn is None:  # the burn-in's targets are padding: they are not counted
         target_count_fn = count_targets
@@ -261,7 +261,7 @@ def _check_options(options: TrainingOptions) -> None:
         raise TypeError(f"autocast_dtype must be a torch.dtype such as torch.bfloat16, got {autocast_dtype!r}.")
 
 
-def _burn_in(steps: Any, gradient: Any, recompute: int | None, execution: Execution) -> BurnIn | None:
+def _burn_in(steps: Any, gradient: Any, execution: Execution) -> BurnIn | None:
     # The burn-in the options ask for (None for burn_in=0), or the error naming the option and the fix.
     if isinstance(steps, bool) or not isinstance(steps, int):
         raise TypeError(f"burn_in must be an int, the burn-in's steps (0 for none), got {steps!r}.")
@@ -271,11 +271,10 @@ def _burn_in(steps: Any, gradient: Any, recompute: int | None, execution: Execut
         raise TypeError(f"burn_in_gradient must be True or False, got {gradient!r}.")
     if steps == 0:
         return None
-    if not gradient and (recompute is not None or execution is not Execution.EAGER):
-        option = "recompute" if recompute is not None else "cuda_graphs"
+    if not gradient and execution is not Execution.EAGER:
         raise ValueError(
-            f"burn_in_gradient=False stops each column's gradient where its burn-in ends, which {option} does not "
-            f"carry out yet: leave {option} out, or keep the gradient through the burn-in (burn_in_gradient=True)."
+            "burn_in_gradient=False stops each column's gradient where its burn-in ends, which window programs do "
+            "not carry out yet: leave cuda_graphs out, or keep the gradient through the burn-in."
         )
     return BurnIn(steps, gradient)
 
@@ -383,7 +382,7 @@ def create_tbptt_trainer(
             batches (docs/howto/burn-in.md; Schiller et al., ICLR 2026). Default: 0, none.
         burn_in_gradient (bool): True: later losses backpropagate through the burn-in steps within k2. False: each
             column's gradient stops at the state where its burn-in ends, as R2D2's burn-in (Kapturowski et al., ICLR
-            2019, section 3); not with ``recompute`` or ``cuda_graphs``. Default: True.
+            2019, section 3); not with ``cuda_graphs``. Default: True.
 
     Returns:
         A :class:`~ignite_tbptt.TBPTTEngine` (:class:`~ignite_tbptt.DeterministicTBPTTEngine` if ``deterministic``);
@@ -398,7 +397,7 @@ def create_tbptt_trainer(
             start, without ``initial_state`` or ``model_fn``; during a run, a batch, ``model_fn``'s or
             ``loss_fn``'s result, or a hidden state the trainer cannot read, named by its path.
         ValueError: ``k1``, ``k2``, ``gradient_accumulation_steps`` or ``recompute`` not positive; ``burn_in``
-            negative, or ``burn_in_gradient=False`` with ``recompute`` or ``cuda_graphs``; ``optimizer``
+            negative, or ``burn_in_gradient=False`` with ``cuda_graphs``; ``optimizer``
             without ``model``'s parameters; ``cuda_graphs`` unknown or what it needs missing, or ``cuda_graphs=True``
             with a recurrent module whose dropout between layers cuDNN draws from its own state
             (docs/howto/cuda-graphs.md); during a run, a batch that does not fit, before it changes anything;

@@ -29,6 +29,7 @@ from . import hidden as hs
 from . import rng
 from .compiled import retainable
 from .model_call import ModelCall
+from .reset import stop_gradient
 from .weight_versions import ParameterVersions, WeightVersion
 
 __all__ = ["Recomputation", "Segment", "RetainedHistory", "load_weights", "reach_profile"]
@@ -45,6 +46,8 @@ class Recomputation:
         version: the weights it ran with (``None`` when no optimizer step can intervene, k2 <= k1).
         hidden_requires_grad: whether a backward pass may carry gradient into the input hidden state.
         starts: the columns that start a sequence at the segment's first step, shape ``(B,)``, or ``None``.
+        stops: the columns whose gradient stops at the segment's input state (a burn-in without gradient ends
+            there), shape ``(B,)``, or ``None``.
     """
 
     x: torch.Tensor
@@ -53,6 +56,7 @@ class Recomputation:
     version: WeightVersion | None
     hidden_requires_grad: bool
     starts: torch.Tensor | None = None
+    stops: torch.Tensor | None = None
 
 
 @dataclass(eq=False)
@@ -252,6 +256,8 @@ class RetainedHistory:
         """
         r = recomputation
         hidden_in, inputs = (None, []) if r.hidden is None else hs.as_leaves(r.hidden, r.hidden_requires_grad)
+        if r.stops is not None and hidden_in is not None:
+            hidden_in = stop_gradient(hidden_in, r.stops)
         with rng.restored(r.rng, r.x.device):
             y_pred, hidden_out = self.model_call(r.x, hidden_in, self.versions, keep_weights, r.starts)
         return inputs, y_pred, hidden_out
@@ -301,6 +307,7 @@ class RetainedHistory:
                     "hidden": hs.detached(recomputation.hidden),
                     "hidden_requires_grad": recomputation.hidden_requires_grad,
                     "starts": recomputation.starts,
+                    "stops": recomputation.stops,
                     "rng": recomputation.rng,
                     "version": next((i for i, v in enumerate(versions) if v is recomputation.version), None),
                     "y_grad": segment.y_grad,
@@ -355,7 +362,13 @@ class RetainedHistory:
     def _rebuilt_segment(self, saved: dict[str, Any]) -> Segment:
         version = self.versions.current if self.versions is not None else None
         recomputation = Recomputation(
-            saved["x"], saved["hidden"], saved["rng"], version, saved["hidden_requires_grad"], saved.get("starts")
+            saved["x"],
+            saved["hidden"],
+            saved["rng"],
+            version,
+            saved["hidden_requires_grad"],
+            saved.get("starts"),
+            saved.get("stops"),
         )
         segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], recomputation)
         if not self.rebuilds:  # recomputation mode rebuilds graphs in the sweep anyway

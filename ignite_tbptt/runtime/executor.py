@@ -112,7 +112,7 @@ class SegmentExecutor:
         if not plan.backward_now:
             version = versions.current if versions is not None else None
             recomputation = Recomputation(
-                x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets
+                x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets, stops
             )
         y_pred, hidden_out = self._forward(plan, x, hidden_in, resets, stops)
         if not self._state_cut_checked and hs.has_graph(hidden):  # once, before its backward pass

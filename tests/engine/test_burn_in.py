@@ -119,7 +119,7 @@ def reference(model, optimizer, data, k1, k2, m, gradient, carry_hidden, accumul
             apply(total, groups)
 
 
-def trained(data, k1, k2, m, gradient, carry_hidden, accumulation=1, use_reference=False):
+def trained(data, k1, k2, m, gradient, carry_hidden, accumulation=1, use_reference=False, recompute=None):
     torch.manual_seed(0)
     model = Net().double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
@@ -136,6 +136,7 @@ def trained(data, k1, k2, m, gradient, carry_hidden, accumulation=1, use_referen
         gradient_accumulation_steps=accumulation,
         burn_in=m,
         burn_in_gradient=gradient,
+        recompute=recompute,
     )
     trainer.run(data, max_epochs=2)
     return model
@@ -163,6 +164,18 @@ def test_burn_in_trains_what_brute_force_tbptt_with_burn_in_trains(case, carry_h
         torch.testing.assert_close(p, q, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("gradient", [True, False], ids=["with gradient", "without gradient"])
+@pytest.mark.parametrize("case", ["k2 > k1, not a multiple", "per token", "a burn-in across batches"])
+def test_recomputation_trains_the_burn_in_as_retained_segments_do(case, gradient):
+    # Segments of at most 2 steps recomputed in the sweep: the recomputed graph stops where the retained one does.
+    k1, k2, m, _, accumulation = CASES[case]
+    data = batches()
+    retained = trained(data, k1, k2, m, gradient, True, accumulation)
+    recomputed = trained(data, k1, k2, m, gradient, True, accumulation, recompute=2)
+    for p, q in zip(recomputed.parameters(), retained.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-14)
+
+
 def test_the_two_variants_differ_where_a_later_loss_reaches_into_the_burn_in():
     # TBPTT(3, 7): each window reaches 4 steps before its start, into the burn-in of 4 after every fresh start.
     data = batches(starts=False, padding=False)
@@ -187,8 +200,8 @@ def test_bad_burn_in_options_are_refused_with_the_fix():
         create_tbptt_trainer(model, optimizer, masked_mse, 5, burn_in=-1)
     with pytest.raises(TypeError, match=r"burn_in must be an int"):
         create_tbptt_trainer(model, optimizer, masked_mse, 5, burn_in=2.5)
-    with pytest.raises(ValueError, match=r"burn_in_gradient=False .* recompute does not carry out yet"):
-        create_tbptt_trainer(model, optimizer, masked_mse, 5, burn_in=3, burn_in_gradient=False, recompute=2)
+    with pytest.raises(ValueError, match=r"burn_in_gradient=False .* leave cuda_graphs out"):
+        create_tbptt_trainer(model, optimizer, masked_mse, 5, burn_in=3, burn_in_gradient=False, cuda_graphs="recorded")
 
 
 def test_window_programs_train_the_burn_in_as_eager_windows_do():

@@ -69,6 +69,12 @@ def test_resuming_inside_a_burn_in_is_bit_identical(tmp_path, gradient):
     resume_and_compare(tmp_path, 3, 7, 2, False, 7, batches=WITH_STARTS, **options)
 
 
+def test_resuming_with_a_burn_in_ending_in_the_retained_history_is_bit_identical(tmp_path):
+    # Burn-ins of 2 steps from the starts at steps 15 and 16 end at 17 and 18, inside the history TBPTT(3, 7) retains
+    # when iteration 7 (steps 12-18) ends: the rebuilt segments stop those columns' gradient where they did.
+    resume_and_compare(tmp_path, 3, 7, 2, False, 7, batches=WITH_STARTS, burn_in=2, burn_in_gradient=False)
+
+
 def resume_and_compare(tmp_path, k1, k2, accumulation, scaler, stop_at, edit=None, batches=BATCHES, **options):
     def seeded():
         torch.manual_seed(0)
