@@ -149,6 +149,15 @@ def test_validation_inside_an_epoch_keeps_the_windows_accumulated_for_the_next_s
     assert_equal_parameters(eager, lit)
 
 
+@pytest.mark.parametrize("gradient", [True, False], ids=["burn-in with gradient", "without"])
+def test_a_burn_in_trains_as_under_ignite(gradient):
+    data = batches(starts=True, padding=True)
+    options = {"carry_hidden": True, "burn_in": 6, "burn_in_gradient": gradient}
+    eager, _ = trained_by_ignite(data, 4, 9, loss=masked_mse, **options)
+    lit, _ = trained_by_lightning(data, 4, 9, loss=masked_mse, **options)
+    assert_equal_parameters(eager, lit)
+
+
 def test_sequence_starts_and_padding_with_target_counts():
     data = batches(starts=True, padding=True)
     options = {"carry_hidden": True, "target_count_fn": lambda y_pred, y: count_targets(y[..., 0]) * 4}
