@@ -132,6 +132,17 @@ def test_lightning_benchmark_trains_lightnings_example_as_its_recipe_does(tmp_pa
     assert "TBPTT(10, 10): equal, bit for bit" in text and "| TBPTTModule |" in text
 
 
+def test_sysid_benchmark_trains_every_method_and_tunes_the_burn_in():
+    from benchmarks import sysid
+
+    rows = sysid.main(["--steps", "3", "--seeds", "0"])
+    methods = [(r["system"], r["method"]) for r in rows if "method" in r]
+    assert len(methods) == len(sysid.SYSTEMS) * len(sysid.METHODS)
+    assert all(len(r["errors"]) == 1 and r["errors"][0] > 0 for r in rows if "method" in r)
+    tuned = [r["m"] for r in rows if r.get("method") == "windows, tuned m"]
+    assert all(m in sysid.BURN_INS for m in tuned)
+
+
 def test_alignment_benchmark_and_profile_run(tmp_path, capsys):
     from benchmarks import profile, sequences
 

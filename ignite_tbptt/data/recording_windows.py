@@ -26,12 +26,14 @@ class RecordingWindows(Dataset):
     """Windows of ``length`` steps cut from recordings ``(x, y)``, for a ``DataLoader`` to shuffle and batch.
 
     Each item is ``(x, y)`` of shapes ``(N, *F)`` and ``(N, *G)``, ``N = length``, steps along dimension 0 as the
-    recordings give them; a ``DataLoader`` stacks ``B`` of them into ``(B, N, *)``, which the trainer reads with
-    ``time_dim=1``. Windows start every ``stride`` steps of every recording long enough (``stride=1``: at every
-    step, as Schiller et al.'s code cuts them), or, with ``count``, at ``count`` places drawn afresh each epoch
-    (:meth:`set_epoch`) from ``seed``, uniformly over all the places a window fits. Shuffling and batching are the
-    ``DataLoader``'s (``shuffle=True`` with a seeded ``generator``); resuming inside an epoch is a resumable
-    loader's (torchdata's ``StatefulDataLoader``), the places of an epoch depending on its number only.
+    recordings give them. A ``DataLoader`` stacks ``B`` of them batch first, ``(B, N, *)``, which the trainer reads
+    with ``time_dim=1`` and a batch-first model; ``collate_fn=RecordingWindows.collate`` stacks them time first,
+    ``(N, B, *)``, the trainer's default ``time_dim=0`` and what ``nn.LSTM`` takes by default. Windows start every
+    ``stride`` steps of every recording long enough (``stride=1``: at every step, as Schiller et al.'s code cuts
+    them), or, with ``count``, at ``count`` places drawn afresh each epoch (:meth:`set_epoch`) from ``seed``,
+    uniformly over all the places a window fits. Shuffling and batching are the ``DataLoader``'s (``shuffle=True``
+    with a seeded ``generator``); resuming inside an epoch is a resumable loader's (torchdata's
+    ``StatefulDataLoader``), the places of an epoch depending on its number only.
 
     Args:
         recordings: pairs ``(x, y)`` with the same number of steps along dimension 0; shorter than ``length``
@@ -93,6 +95,12 @@ class RecordingWindows(Dataset):
         ends = self._fits.cumsum(0)
         recording = torch.searchsorted(ends, flat, right=True)
         return torch.stack([recording, flat - (ends - self._fits)[recording]], 1)
+
+    @staticmethod
+    def collate(items: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``B`` windows stacked time first: ``(x, y)`` of shapes ``(N, B, *F)`` and ``(N, B, *G)``."""
+        xs, ys = zip(*items)
+        return torch.stack(xs, 1), torch.stack(ys, 1)
 
     def __len__(self) -> int:
         return self._places.shape[0]

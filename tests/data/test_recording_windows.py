@@ -63,6 +63,13 @@ def test_a_loader_of_windows_trains_with_a_burn_in_as_the_same_windows_time_firs
         torch.testing.assert_close(p, q, rtol=1e-12, atol=1e-12)
 
 
+def test_collate_stacks_windows_time_first():
+    windows = RecordingWindows(recordings(), length=12, stride=5)
+    x, y = next(iter(DataLoader(windows, batch_size=3, collate_fn=RecordingWindows.collate)))
+    assert x.shape == (12, 3, 3) and y.shape == (12, 3, 4)
+    assert torch.equal(x[:, 1], windows[1][0]) and torch.equal(y[:, 2], windows[2][1])
+
+
 def test_recording_columns_continue_each_column_from_batch_to_batch():
     x, y = recordings(lengths=(23,))[0]
     batches = recording_columns(x, y, batch_size=2, length=4)
