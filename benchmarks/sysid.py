@@ -41,7 +41,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from benchmarks.report import markdown_table, write_page
-from ignite_tbptt import create_tbptt_trainer
+from ignite_tbptt import create_tbptt_trainer, masked_loss
 from ignite_tbptt.data import RecordingWindows, recording_columns
 from ignite_tbptt.data.systems import duffing, multisine, wiener_hammerstein
 
@@ -95,7 +95,7 @@ def train(method: str, data: list, steps: int, seed: int, burn_in: int = 0) -> t
         batches: Any = DataLoader(
             windows, batch_size=COLUMNS, shuffle=True, generator=generator, collate_fn=RecordingWindows.collate
         )
-        trainer = create_tbptt_trainer(model, optimizer, masked(mse), N, burn_in=burn_in)
+        trainer = create_tbptt_trainer(model, optimizer, masked_loss(mse), N, burn_in=burn_in)
         epochs = 1
     else:
         columns = recording_columns(u, y, COLUMNS, N)
@@ -111,12 +111,6 @@ def train(method: str, data: list, steps: int, seed: int, burn_in: int = 0) -> t
     start = time.perf_counter()
     trainer.run(batches, max_epochs=epochs, epoch_length=None)
     return model, time.perf_counter() - start
-
-
-def masked(loss_fn: Callable) -> Callable:
-    from ignite_tbptt import masked_loss
-
-    return masked_loss(loss_fn)
 
 
 METHODS = {
