@@ -36,6 +36,7 @@ from ..runtime import (
     StepProgram,
     StepPrograms,
     divide_and_check,
+    divide_gradients,
     gradients_of,
     parameters_of,
     profiling,
@@ -185,9 +186,8 @@ class OptimizerStep:
         if handlers is not None and self._in_program(divisor, handlers, position):
             return targets
         grads = gradients_of(self.optimizer)
-        if self.scaler is not None and self.scaler_in_step:
-            if divisor != 1 and grads:
-                torch._foreach_div_(grads, divisor)
+        if self.scaler is not None and self.scaler_in_step:  # the wrapper's step unscales and checks
+            divide_gradients(grads, divisor)
         elif self.scaler is not None:  # the scaler checks them while unscaling
             unscale_and_divide(self.optimizer, self.scaler, grads, divisor)
         elif grads:

@@ -49,7 +49,7 @@ from .programs import (
 from .reset import Resets, check_resettable, default_reset_hidden, reset_to, stop_gradient
 from .rng import refuse_own_dropout_state
 from .sharded import is_sharded, reduce_gradients_by_sum
-from .step_body import gradients_of, parameters_of, step_optimizer, unscale_and_divide
+from .step_body import divide_gradients, gradients_of, parameters_of, step_optimizer, unscale_and_divide
 from .stream import StreamState
 from .weight_versions import ParameterVersions, WeightVersion
 
@@ -86,6 +86,7 @@ __all__ = [
     "parameters_of",
     "gradients_of",
     "unscale_and_divide",
+    "divide_gradients",
     "step_optimizer",
     "Execution",
     "build_executor",

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["parameters_of", "gradients_of", "unscale_and_divide", "step_optimizer"]
+__all__ = ["parameters_of", "gradients_of", "unscale_and_divide", "divide_gradients", "step_optimizer"]
 
 
 def parameters_of(optimizer: Any) -> list[torch.Tensor]:
@@ -50,6 +50,16 @@ def unscale_and_divide(
             tensor on the gradients' device holding it (a program's buffer, read by no host).
     """
     scaler.unscale_(optimizer)
+    divide_gradients(grads, divisor)
+
+
+def divide_gradients(grads: list[torch.Tensor], divisor: int | torch.Tensor) -> None:
+    """Divide ``grads`` by ``divisor`` in place, without a check: :func:`unscale_and_divide`'s division.
+
+    Also the whole first part where the optimizer's own step unscales and checks through the scaler (Lightning's
+    optimizer wrapper under its mixed-precision plugin): the scaled gradients are divided, and the unscaling after
+    it, by a power of two, changes no bit of the result. ``divisor`` as :func:`unscale_and_divide` takes it.
+    """
     if isinstance(divisor, torch.Tensor):
         if {g.dtype for g in grads} == {torch.float32}:  # keeps torch's fused kernel; a count below 2**24 is exact
             divisor = divisor.float()
