@@ -58,6 +58,7 @@ __all__ = [
     "CharLSTM",
     "load_data",
     "choose_logdir",
+    "epoch_line",
     "build",
     "new_run_dir",
     "run",
@@ -437,13 +438,7 @@ def train(args: argparse.Namespace, interrupted: StopOnInterrupt) -> dict:
 
     @trainer.on(Events.EPOCH_COMPLETED)
     def validate(engine):
-        bpc = evaluator.run(valid).metrics["bpc"]
-        history["valid_bpc"].append(bpc)
-        history["train_bpc"].append(engine.state.output / LN2)
-        say(
-            f"epoch {engine.state.epoch}: validation {bpc:.3f} bits/char (unigram {unigram:.2f}), "
-            f"last training batch {engine.state.output / LN2:.3f} bits/char"
-        )
+        say(epoch_line(history, engine.state.epoch, evaluator.run(valid).metrics["bpc"], engine.state.output / LN2))
 
     to_save = {"trainer": trainer, "model": model, "optimizer": optimizer}
     if args.fsdp:  # the full state dicts: rank 0 writes the file, and every process loads its shards from it
@@ -465,6 +460,14 @@ def train(args: argparse.Namespace, interrupted: StopOnInterrupt) -> dict:
     history["logdir"] = str(args.logdir)
     history["interrupted"] = interrupted.checkpoint
     return history
+
+
+def epoch_line(history: dict, epoch: int, bpc: float, last: float | None) -> str:
+    """Keep an epoch's validation and last training batch's bits per character in ``history``; the line printed."""
+    history["valid_bpc"].append(bpc)
+    history["train_bpc"].append(last)
+    batch = "" if last is None else f", last training batch {last:.3f} bits/char"
+    return f"epoch {epoch}: validation {bpc:.3f} bits/char (unigram {history['unigram_bpc']:.2f}){batch}"
 
 
 def where_it_logs(args: argparse.Namespace) -> str:

@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 from .. import ARTBP
 from ..data import count_targets
 from ..lightning import TBPTTModule
-from ._char_lm import LN2, CharLSTM, choose_logdir, cross_entropy, load_data
+from ._char_lm import LN2, CharLSTM, choose_logdir, cross_entropy, epoch_line, load_data
 
 __all__ = ["CharModule", "train_lightning"]
 
@@ -51,11 +51,7 @@ class _Report(Callback):
             return
         bpc = trainer.callback_metrics["val_loss"].item() / LN2
         last = trainer.callback_metrics.get("train_loss_step")
-        self.history["valid_bpc"].append(bpc)
-        self.history["train_bpc"].append(None if last is None else last.item() / LN2)
-        batch = "" if last is None else f", last training batch {last.item() / LN2:.3f} bits/char"
-        unigram = self.history["unigram_bpc"]
-        print(f"epoch {trainer.current_epoch + 1}: validation {bpc:.3f} bits/char (unigram {unigram:.2f}){batch}")
+        print(epoch_line(self.history, trainer.current_epoch + 1, bpc, None if last is None else last.item() / LN2))
 
 
 def train_lightning(args: argparse.Namespace) -> dict:
