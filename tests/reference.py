@@ -51,6 +51,20 @@ def cross_entropy(y_pred, y):
     return nn.functional.cross_entropy(y_pred.reshape(-1, y_pred.shape[-1]), y.reshape(-1))
 
 
+def burn_in_mask(starts, length: int, columns: int, m: int) -> torch.Tensor:
+    """``(T, B)`` bool: the steps inside a burn-in of ``m`` steps, counted in Python from each fresh start (a stream's
+    first step, and each step where ``starts``, ``(T, B)`` or ``None``, starts a column's sequence)."""
+    mask = torch.zeros(length, columns, dtype=torch.bool)
+    for b in range(columns):
+        since = 0
+        for t in range(length):
+            if starts is not None and bool(starts[t, b]):
+                since = 0
+            mask[t, b] = since < m
+            since += 1
+    return mask
+
+
 def spec_cut(k1: int, k2: int, start: int, end: int) -> int:
     """SPEC.md's cut, written out again: k2 >= k1 reaches k2 - k1 before the start, k2 < k1 k2 before the end."""
     if k2 >= k1:
@@ -73,13 +87,17 @@ def reference_train(
     reset_hidden=zero_columns,
     windows=None,
     initial_state=None,
+    burn_in: int = 0,
+    burn_in_gradient: bool = True,
 ) -> None:
     """Train ``model`` in place with brute-force TBPTT(k1, k2) on ``batches`` of ``(x, y)`` or ``(x, y, starts)``.
 
     ``windows``: the ``(start, end, cut)`` of every window, stream after stream, in place of SPEC.md's fixed
     k1, k2 rule (for variable window sources). ``initial_state(params, batch)``: the state a column starting a
     sequence is reset to, computed from the parameters of the step where it starts (a learned initial state; the
-    model's forward uses it for a stream's start itself).
+    model's forward uses it for a stream's start itself). ``burn_in``: the first steps after each fresh start carry no
+    loss (their columns' targets left out of each step's loss and count, NaN targets too: ``loss_fn`` leaves NaN
+    out); with ``burn_in_gradient=False`` a column's state is detached where its burn-in ends (time first only).
     """
     recorded = None if windows is None else iter(windows)
     names = [name for name, _ in model.named_parameters()]
@@ -92,7 +110,12 @@ def reference_train(
         return t.narrow(time_dim, v, 1)
 
     def entering(hidden, starts, v, params):
-        """The hidden state step ``v`` runs from: ``hidden`` with the columns starting at ``v`` reset."""
+        """The hidden state step ``v`` runs from: ``hidden`` with the columns starting at ``v`` reset, and without a
+        burn-in's gradient, detached in the columns whose burn-in ends at ``v``."""
+        if hidden is not None and burn_in and not burn_in_gradient and v > 0:
+            ends = burned[v - 1] & ~burned[v]
+            if bool(ends.any()):
+                hidden = tuple(torch.where(ends[None, :, None], h.detach(), h) for h in hidden)
         if hidden is None or starts is None:
             return hidden
         flags = starts[v] if time_dim == 0 else starts[:, v]
@@ -127,6 +150,7 @@ def reference_train(
 
         for x, y, starts in streams:
             length = x.shape[time_dim]
+            burned = burn_in_mask(starts, length, x.shape[1], burn_in) if burn_in else None  # (T, B): no loss there
             hiddens = [None]  # hiddens[t]: the hidden state entering step t
             params_at = []  # params_at[t]: the parameters step t was computed with
             start = 0
@@ -157,14 +181,22 @@ def reference_train(
                     for v, params in zip(range(first, u + 1), copies):
                         y_pred, h = call(params, step_of(x, v), entering(h, starts, v, params))
                     y_u = step_of(y, u)
-                    loss = loss_fn(y_pred, y_u) * y_u.numel()
+                    if burn_in:  # the columns past their burn-in, and their targets that are not padding
+                        keep = ~burned[u]
+                        y_pred, y_u = y_pred[:, keep], y_u[:, keep]
+                        n = int((~torch.isnan(y_u)).sum())
+                        if n == 0:
+                            continue
+                    else:
+                        n = y_u.numel()
+                    loss = loss_fn(y_pred, y_u) * n
                     leaves = [params[name] for params in copies for name in names]
                     grads = torch.autograd.grad(loss, leaves, allow_unused=True)
                     for i, g in enumerate(grads):
                         if g is not None:
                             name = names[i % len(names)]
                             total[name] = g if total[name] is None else total[name] + g
-                    group_targets += y_u.numel()
+                    group_targets += n
                 group_windows += 1
                 if group_windows == accumulation:
                     apply()

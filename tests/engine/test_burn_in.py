@@ -1,18 +1,18 @@
 """Burn-in (SPEC.md, "Burn-in") against a brute-force TBPTT that applies it step by step, in float64.
 
-The reference shares no code with the package: it runs the stream one step at a time, counts each column's steps
-since its fresh start in a Python loop, leaves the burn-in steps' targets out of each step's loss and count, and,
-without gradient, detaches a column's state where its burn-in ends inside every rebuilt computation.
+The reference is ``tests/reference.py``'s, which shares no code with the package: it runs the stream one step at a
+time, counts each column's steps since its fresh start in a Python loop, leaves the burn-in steps' targets out of
+each step's loss and count, and, without gradient, detaches a column's state where its burn-in ends inside every
+rebuilt computation.
 """
 
 import pytest
 import torch
-from torch.func import functional_call
 
 from ignite_tbptt import create_tbptt_trainer, masked_loss
 from ignite_tbptt.engine.burn_in import BurnIn
 
-from ..reference import Net, spec_cut, zero_columns
+from ..reference import Net, reference_train
 
 masked_mse = masked_loss(torch.nn.functional.mse_loss)
 
@@ -30,101 +30,24 @@ def batches(count=3, length=11, columns=3, seed=0, starts=True, padding=True):
     return data
 
 
-def burned(starts, length, columns, m):
-    """(T, B) bool: the steps inside a burn-in of ``m``, counted in Python from each fresh start."""
-    mask = torch.zeros(length, columns, dtype=torch.bool)
-    for b in range(columns):
-        since = 0
-        for t in range(length):
-            if starts is not None and bool(starts[t, b]):
-                since = 0
-            mask[t, b] = since < m
-            since += 1
-    return mask
-
-
-def reference(model, optimizer, data, k1, k2, m, gradient, carry_hidden, accumulation=1, epochs=2):
-    names = [name for name, _ in model.named_parameters()]
-
-    def call(params, x, hidden):
-        return functional_call(model, params, (x,) if hidden is None else (x, hidden))
-
-    def entering(h, starts, v, mask, columns):
-        if h is None:
-            return h
-        if starts is not None and bool(starts[v].any()):
-            h = zero_columns(h, starts[v])
-        if not gradient and v > 0:
-            ends = mask[v - 1] & ~mask[v] & (starts[v] == 0 if starts is not None else True)
-            if bool(ends.any()):
-                h = tuple(torch.where(ends[None, :, None], t.detach(), t) for t in h)
-        return h
-
-    def apply(total, groups):
-        for name, p in model.named_parameters():
-            p.grad = None if total[name] is None else total[name] / groups[1]
-        optimizer.step()
-        for name in names:
-            total[name] = None
-        groups[0] = groups[1] = 0
-
-    data = [(*b, None) if len(b) == 2 else b for b in data]
-    for _ in range(epochs):
-        if carry_hidden:
-            x, y, s = (torch.cat(parts) if parts[0] is not None else None for parts in zip(*data))
-            streams = [(x, y, s)]
-        else:
-            streams = data
-        total, groups = {name: None for name in names}, [0, 0]  # windows, targets
-        for x, y, starts in streams:
-            length, columns = x.shape[0], x.shape[1]
-            mask = burned(starts, length, columns, m)
-            hiddens, params_at = [None], []
-            start = 0
-            for t in range(length):
-                params_at.append({name: p.detach().clone() for name, p in model.named_parameters()})
-                with torch.no_grad():
-                    _, h = call(params_at[t], x[t : t + 1], entering(hiddens[t], starts, t, mask, columns))
-                hiddens.append(h)
-                end = t + 1
-                if end - start < k1 and end < length:
-                    continue
-                cut = spec_cut(k1, k2, start, end)
-                for u in range(start, end):
-                    keep = ~mask[u]
-                    y_u = y[u : u + 1, keep]
-                    n = int((~torch.isnan(y_u)).sum())
-                    if n == 0:
-                        continue
-                    first = cut if u >= cut else u
-                    copies = [
-                        {name: q.clone().requires_grad_() for name, q in params_at[v].items()}
-                        for v in range(first, u + 1)
-                    ]
-                    h = hiddens[first]
-                    for v, params in zip(range(first, u + 1), copies):
-                        y_pred, h = call(params, x[v : v + 1], entering(h, starts, v, mask, columns))
-                    loss = masked_mse(y_pred[:, keep], y_u) * n
-                    leaves = [params[name] for params in copies for name in names]
-                    for i, g in enumerate(torch.autograd.grad(loss, leaves, allow_unused=True)):
-                        if g is not None:
-                            name = names[i % len(names)]
-                            total[name] = g if total[name] is None else total[name] + g
-                    groups[1] += n
-                groups[0] += 1
-                if groups[0] == accumulation:
-                    apply(total, groups)
-                start = end
-        if groups[0]:
-            apply(total, groups)
-
-
 def trained(data, k1, k2, m, gradient, carry_hidden, accumulation=1, use_reference=False, recompute=None):
     torch.manual_seed(0)
     model = Net().double()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.2, momentum=0.5)
     if use_reference:
-        reference(model, optimizer, data, k1, k2, m, gradient, carry_hidden, accumulation)
+        reference_train(
+            model,
+            optimizer,
+            masked_mse,
+            data,
+            k1,
+            k2,
+            carry_hidden=carry_hidden,
+            accumulation=accumulation,
+            epochs=2,
+            burn_in=m,
+            burn_in_gradient=gradient,
+        )
         return model
     trainer = create_tbptt_trainer(
         model,
