@@ -7,8 +7,9 @@ indices), so that the loss (a :func:`~ignite_tbptt.masked_loss`, or ``cross_entr
 them out and the counted targets, which normalise every optimizer step, are those after the burn-in. The model still
 runs those steps and carries its state on. With gradient (the default), later losses backpropagate through the
 burn-in steps within k2, as through any other step; without, the gradient of each column stops at the state where
-its burn-in ends, as though that state were detached there: the burn-in steps still build a graph, but no gradient
-reaches them.
+its burn-in ends, as though that state were detached there, and a segment in which every column is inside its
+burn-in runs without a graph (no gradient could reach it); the burn-in steps of a segment that also holds other
+steps build a graph that no gradient reaches.
 
 A column's count of steps since its fresh start is carried from batch to batch along the stream, so a burn-in may
 span batches; it is part of the stream's state in a checkpoint.
@@ -45,20 +46,35 @@ class BurnIn:
         self.steps, self.gradient = steps, gradient
         #: ``(B,)``: each column's steps since its last fresh start, at the stream's position; ``None`` at its start.
         self.since: torch.Tensor | None = None
+        # Without gradient, of the last batch: the columns whose gradient stops, by step; whether every column is
+        # inside its burn-in, by step.
+        self._stops: Resets = {}
+        self._quiet: list[bool] = []
 
     def reset(self) -> None:
         """A new stream: every column starts afresh."""
         self.since = None
 
-    def apply(self, y: Any, length: int, resets: Resets, layout: Layout) -> tuple[Any, Resets, Resets]:
-        """The batch's targets with the burn-in's as padding; its resets and stops (:meth:`batch`).
+    def apply(self, y: Any, length: int, resets: Resets, layout: Layout) -> tuple[Any, Resets]:
+        """The batch's targets with the burn-in's as padding, and its resets; :meth:`segment` then tells its stops.
 
         Where a column's gradient stops, a segment must start: such steps join ``resets``, without columns to reset.
         """
         if not self.steps:
-            return y, resets, {}
-        mask, stops = self.batch(length, layout.columns(y), resets, y.device)
-        return mask_targets(y, mask, layout), {**dict.fromkeys(stops), **resets}, stops
+            return y, resets
+        mask, self._stops = self.batch(length, layout.columns(y), resets, y.device)
+        return mask_targets(y, mask, layout), {**dict.fromkeys(self._stops), **resets}
+
+    def segment(self, start: int, end: int) -> tuple[torch.Tensor | None, bool]:
+        """The burn-in of the last batch's segment ``[start, end)``: ``(stops, graph_free)``.
+
+        ``stops``: the columns (``(B,)`` bool) whose gradient stops at the segment's input state, or ``None``.
+        ``graph_free``: whether the segment needs no graph, every column inside a burn-in run without gradient
+        throughout; no loss's gradient reaches it, each stopping where its column's burn-in ends.
+        """
+        if self.gradient:
+            return None, False
+        return self._stops.get(start), end > start and all(self._quiet[start:end])
 
     def batch(self, length: int, columns: int, resets: Resets, device: Any) -> tuple[torch.Tensor, Resets]:
         """The next batch's burn-in, and the stream's count advanced past it.
@@ -87,7 +103,9 @@ class BurnIn:
         if self.gradient:
             return mask, {}
         ends = since == self.steps
-        return mask, {int(t): ends[t] for t in ends.any(1).nonzero().flatten().tolist()}  # one read
+        flags = torch.stack([ends.any(1), mask.all(1)]).tolist()  # one read
+        self._quiet = flags[1]
+        return mask, {t: ends[t] for t, ending in enumerate(flags[0]) if ending}
 
     def hparams(self) -> dict[str, Any]:
         """Its length and variant, for logging (nothing without a burn-in)."""

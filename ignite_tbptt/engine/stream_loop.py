@@ -273,24 +273,23 @@ class StreamLoop:
         self.model.train()
         if not self.carry_hidden:
             self.reset_stream()
-        y, resets, stops = self.burn_in.apply(y, length, resets, self.layout)
+        y, resets = self.burn_in.apply(y, length, resets, self.layout)
         batch = plan_batch(self.stream.position, length, ends_stream, resets)
         result = BatchResult(LossSum(), [])
-        for plan, segment, swept in self._segments(batch, x, y, resets, keep_predictions, stops):
+        for plan, segment, swept in self._segments(batch, x, y, resets, keep_predictions):
             result.loss.add(segment.loss, segment.targets, plan.whole_window)
             result.predictions.append(segment.predictions)
             self.segment_done(batch, plan, segment, swept)
         return result
 
     def _segments(
-        self, batch: BatchPlan, x: Any, y: Any, resets: Resets, keep: bool, stops: Resets
+        self, batch: BatchPlan, x: Any, y: Any, resets: Resets, keep: bool
     ) -> Iterator[tuple[SegmentPlan, SegmentResult, bool]]:
         # Each segment of the batch as it runs, with its plan and whether a program swept its window: a window whole
         # as one program where planning says so, else segment by segment.
         stream, planner, run, span = self.stream, self.planner, self.executor.run, self.layout.steps
-        offset = batch.start
+        offset, walk = batch.start, self.walk
         # Read where it is used, as the optimizer step has it now (a distributed run's is known once the run starts).
-        walk = self.walk
         walk.one_window_per_step = self.optimizer_step.one_window_per_step
         while stream.position < batch.end and self.failed is None:
             if planner.window is None:
@@ -302,7 +301,8 @@ class StreamLoop:
                         continue
             for plan in walk.segments(batch, stream.position):
                 start, end = plan.start - offset, plan.end - offset
-                result = run(plan, span(x, start, end), span(y, start, end), resets.get(start), keep, stops.get(start))
+                stops, graph_free = self.burn_in.segment(start, end)
+                result = run(plan, span(x, start, end), span(y, start, end), resets.get(start), keep, stops, graph_free)
                 yield plan, result, False
 
     def _run_program(

@@ -48,6 +48,8 @@ class Recomputation:
         starts: the columns that start a sequence at the segment's first step, shape ``(B,)``, or ``None``.
         stops: the columns whose gradient stops at the segment's input state (a burn-in without gradient ends
             there), shape ``(B,)``, or ``None``.
+        graph_free: whether no gradient can reach the segment (every column inside a burn-in run without
+            gradient): it runs again without a graph.
     """
 
     x: torch.Tensor
@@ -57,6 +59,7 @@ class Recomputation:
     hidden_requires_grad: bool
     starts: torch.Tensor | None = None
     stops: torch.Tensor | None = None
+    graph_free: bool = False
 
 
 @dataclass(eq=False)
@@ -258,7 +261,7 @@ class RetainedHistory:
         hidden_in, inputs = (None, []) if r.hidden is None else hs.as_leaves(r.hidden, r.hidden_requires_grad)
         if r.stops is not None and hidden_in is not None:
             hidden_in = stop_gradient(hidden_in, r.stops)
-        with rng.restored(r.rng, r.x.device):
+        with rng.restored(r.rng, r.x.device), torch.no_grad() if r.graph_free else nullcontext():
             y_pred, hidden_out = self.model_call(r.x, hidden_in, self.versions, keep_weights, r.starts)
         return inputs, y_pred, hidden_out
 
@@ -308,6 +311,7 @@ class RetainedHistory:
                     "hidden_requires_grad": recomputation.hidden_requires_grad,
                     "starts": recomputation.starts,
                     "stops": recomputation.stops,
+                    "graph_free": recomputation.graph_free,
                     "rng": recomputation.rng,
                     "version": next((i for i, v in enumerate(versions) if v is recomputation.version), None),
                     "y_grad": segment.y_grad,
@@ -369,6 +373,7 @@ class RetainedHistory:
             saved["hidden_requires_grad"],
             saved.get("starts"),
             saved.get("stops"),
+            saved.get("graph_free", False),
         )
         segment = Segment(saved["start"], saved["end"], [], None, None, saved["y_grad"], recomputation)
         if not self.rebuilds:  # recomputation mode rebuilds graphs in the sweep anyway

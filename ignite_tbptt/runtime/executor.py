@@ -80,6 +80,7 @@ class SegmentExecutor:
         resets: torch.Tensor | None,
         keep_predictions: bool = False,
         stops: torch.Tensor | None = None,
+        graph_free: bool = False,
     ) -> SegmentResult:
         """Run the segment as ``plan`` says: forward, pay or owe its loss gradient, retain what is needed.
 
@@ -91,6 +92,8 @@ class SegmentExecutor:
             keep_predictions: return the detached predictions (for ``output_transform``).
             stops: the columns (shape ``(B,)``, bool) whose gradient stops at the segment's input state (the end of
                 a burn-in run without gradient, :func:`~ignite_tbptt.runtime.stop_gradient`), or ``None``.
+            graph_free: no gradient can reach the segment (every column inside a burn-in run without gradient): its
+                forward pass builds no graph. Ignored where every segment must make its backward call (FSDP2).
 
         Returns:
             A :class:`SegmentResult`. The stream's position, hidden state, retained history and open window's loss
@@ -106,16 +109,12 @@ class SegmentExecutor:
                 returned: the model does not read the state it is given (:func:`check_state_cut`).
         """
         stream = self.stream
-        hidden, versions = stream.hidden, stream.history.versions
+        hidden = stream.hidden
         hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
-        recomputation = None
-        if not plan.backward_now:
-            version = versions.current if versions is not None else None
-            recomputation = Recomputation(
-                x, hidden_in, rng.capture(x.device), version, plan.hidden_requires_grad, resets, stops
-            )
-        y_pred, hidden_out = self._forward(plan, x, hidden_in, resets, stops)
-        if not self._state_cut_checked and hs.has_graph(hidden):  # once, before its backward pass
+        graph_free = graph_free and not self.backward_without_targets
+        recomputation = None if plan.backward_now else self._rerun(plan, x, hidden_in, resets, stops, graph_free)
+        y_pred, hidden_out = self._forward(plan, x, hidden_in, resets, stops, graph_free)
+        if not self._state_cut_checked and not graph_free and hs.has_graph(hidden):  # once, before its backward
             check_state_cut(hidden_out, hidden)
             self._state_cut_checked = True
         if self._columns_to_check is not None:  # before the first reset uses it, and before any backward
@@ -159,6 +158,15 @@ class SegmentExecutor:
         stream.window_loss.add(loss, n, plan.whole_window)
         return SegmentResult(loss, n, hs.detached(y_pred) if keep_predictions else None)
 
+    def _rerun(
+        self, plan: SegmentPlan, x: Any, hidden_in: Any, resets: Any, stops: Any, graph_free: bool
+    ) -> Recomputation:
+        # What runs a segment whose graph may be traversed later again: in the sweep, or from a checkpoint.
+        versions = self.stream.history.versions
+        version = versions.current if versions is not None else None
+        requires_grad = plan.hidden_requires_grad
+        return Recomputation(x, hidden_in, rng.capture(x.device), version, requires_grad, resets, stops, graph_free)
+
     def _count(self, y_pred: Any, y: Any) -> int:
         assert self.target_count_fn is not None, "called only with one"
         n = int(self.target_count_fn(y_pred, y))
@@ -170,14 +178,20 @@ class SegmentExecutor:
         return n
 
     def _forward(
-        self, plan: SegmentPlan, x: Any, hidden_in: Any, resets: torch.Tensor | None, stops: torch.Tensor | None = None
+        self,
+        plan: SegmentPlan,
+        x: Any,
+        hidden_in: Any,
+        resets: torch.Tensor | None,
+        stops: torch.Tensor | None = None,
+        graph_free: bool = False,
     ) -> tuple[Any, Any]:
         versions = self.stream.history.versions
         if stops is not None and hidden_in is not None:  # a burn-in without gradient ends: the columns' gradient stops
             hidden_in = stop_gradient(hidden_in, stops)
         try:
-            if plan.rebuilt or profiling():
-                with torch.no_grad() if plan.rebuilt else NO_CONTEXT, profiled("tbptt.forward"):
+            if plan.rebuilt or graph_free or profiling():
+                with torch.no_grad() if plan.rebuilt or graph_free else NO_CONTEXT, profiled("tbptt.forward"):
                     return self.model_call(x, hidden_in, versions, plan.keep_weights, resets)
             # The usual call, without a context to enter (each costs about a microsecond).
             return self.model_call(x, hidden_in, versions, plan.keep_weights, resets)

@@ -106,6 +106,36 @@ def test_the_two_variants_differ_where_a_later_loss_reaches_into_the_burn_in():
     assert not all(torch.equal(p, q) for p, q in zip(with_gradient.parameters(), without.parameters()))
 
 
+class CallLog(Net):
+    """Net, noting each call's steps and whether it builds a graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def forward(self, x, hidden=None):
+        self.calls.append((x.shape[0], torch.is_grad_enabled()))
+        return super().forward(x, hidden)
+
+
+@pytest.mark.parametrize(
+    ("gradient", "calls"),
+    [
+        (False, [(4, False), (2, True), (5, True)]),  # the gradient stops at step 4: what comes before needs no graph
+        (True, [(6, True), (5, True)]),  # a later loss reaches the burn-in: one call, with its graph
+    ],
+    ids=["without gradient", "with gradient"],
+)
+def test_a_burn_in_without_gradient_runs_without_a_graph_where_every_column_is_inside_it(gradient, calls):
+    # Windows of 6 from a fresh state, a burn-in of 4: every column's burn-in spans the steps [0, 4) of each batch.
+    torch.manual_seed(0)
+    model = CallLog().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = create_tbptt_trainer(model, optimizer, masked_mse, 6, burn_in=4, burn_in_gradient=gradient)
+    trainer.run(batches(count=2, starts=False, padding=False), max_epochs=1)
+    assert model.calls == calls * 2
+
+
 def test_the_burn_in_count_is_carried_across_batches_and_reset_where_a_sequence_starts():
     burn_in = BurnIn(3, gradient=False)
     first, stops = burn_in.batch(2, 2, {}, "cpu")  # a stream's first two steps
