@@ -78,6 +78,12 @@ EXAMPLES = {
         lambda r: {"TBPTT(1, 8): accuracy": r["k2=8"]["accuracy"], "TBPTT(1, 3): accuracy": r["k2=3"]["accuracy"]},
         "python -m ignite_tbptt.examples.decoder [--k2 3]",
     ),
+    "sysid": Example(
+        {"m=25": [], "m=0": ["--burn-in", "0"]},
+        lambda r: {"burn-in 25: test RMSE": r["m=25"]["test_rmse"], "no burn-in: test RMSE": r["m=0"]["test_rmse"]},
+        "python -m ignite_tbptt.examples.sysid [--burn-in 0]",
+        {"25 - none": ("burn-in 25: test RMSE", "no burn-in: test RMSE")},
+    ),
     "char_lm": Example(
         {"": ["--no-progress", "--checkpoint-every", "0"]},
         lambda r: {"epoch 1": r[""]["valid_bpc"][0], "epoch 2": r[""]["valid_bpc"][-1]},

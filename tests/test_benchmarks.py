@@ -135,9 +135,15 @@ def test_lightning_benchmark_trains_lightnings_example_as_its_recipe_does(tmp_pa
 def test_sysid_benchmark_trains_every_method_and_tunes_the_burn_in():
     from benchmarks import sysid
 
-    rows = sysid.main(["--steps", "3", "--seeds", "0"])
+    rows = sysid.main(["--steps", "10", "--seeds", "0"])
     methods = [(r["system"], r["method"]) for r in rows if "method" in r]
     assert len(methods) == len(sysid.SYSTEMS) * len(sysid.METHODS)
+    steps = {r["method"]: r["steps"] for r in rows if "method" in r}
+    assert steps["full BPTT, as many samples"] == 2  # a fifth: each of its steps sees the whole record
+    assert steps["full BPTT, as many steps"] == steps["windows, m = 0"] == 10
+    for r in rows:  # a burn-in without gradient holds no graph of its steps
+        if r.get("method") == "windows, tuned m, no gradient":
+            assert r["graph"] == f"{50 - r['m']} x 16"
     assert all(len(r["errors"]) == 1 and r["errors"][0] > 0 for r in rows if "method" in r)
     tuned = [r["m"] for r in rows if r.get("method") == "windows, tuned m"]
     assert all(m in sysid.BURN_INS for m in tuned)

@@ -5,7 +5,8 @@
 where each starts (batches ``(x, y, starts)``) and padding what is left; :func:`masked_loss` and
 :func:`count_targets` leave that padding out. :class:`RecordingWindows` cuts windows from recordings for a
 ``DataLoader`` to shuffle, each a stream of its own (with a burn-in), and :func:`recording_columns` lays a recording
-out as the columns of one stream. :mod:`ignite_tbptt.data.batch` holds the checks every batch passes
+out as the columns of one stream; :func:`multisine`, :func:`duffing` and :func:`wiener_hammerstein` simulate
+recordings of nonlinear systems to identify. :mod:`ignite_tbptt.data.batch` holds the checks every batch passes
 and ``prepare_batch``; in a distributed run each process keeps its share of the columns
 (:mod:`ignite_tbptt.data.shards`). Modules here import torch, ignite and :mod:`ignite_tbptt.checks`.
 """
@@ -17,6 +18,7 @@ from .recordings import PackedRecordings, pack_recordings
 from .sequences import PackedSequences, pack_sequences
 from .shards import Shard, shard_of
 from .streams import stream_batches
+from .systems import duffing, multisine, wiener_hammerstein
 
 __all__ = [
     "stream_batches",
@@ -26,6 +28,9 @@ __all__ = [
     "PackedRecordings",
     "RecordingWindows",
     "recording_columns",
+    "multisine",
+    "duffing",
+    "wiener_hammerstein",
     "masked_loss",
     "count_targets",
     "prepare_batch",

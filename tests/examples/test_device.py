@@ -5,7 +5,7 @@ import importlib
 import pytest
 import torch
 
-EXAMPLES = ["char_lm", "vowels", "spiking_vowels", "decoder", "xlstm_lm", "memory_transformer"]
+EXAMPLES = ["char_lm", "vowels", "spiking_vowels", "sysid", "decoder", "xlstm_lm", "memory_transformer"]
 
 
 def example(name):
@@ -44,10 +44,12 @@ def test_every_example_refuses_a_device_torch_does_not_see_as_it_reads_its_optio
     [
         ("decoder", ["--length", "400", "--hidden", "32"]),  # the trainer alone, data drawn in the example
         ("vowels", ["--epochs", "1"]),  # trainer, evaluator and the accuracy loop, with and without memory
+        ("sysid", ["--steps", "20"]),  # windows from a DataLoader, a burn-in, the free runs
     ],
 )
 def test_device_cpu_gives_the_run_without_it_figure_for_figure(name, argv):
     without, with_cpu = example(name).main(argv), example(name).main([*argv, "--device", "cpu"])
     for result in (without, with_cpu):
         result.pop("peak_memory_mib", None)  # the process's high-water mark: only grows from one run to the next
+        result.pop("seconds", None)
     assert with_cpu == without

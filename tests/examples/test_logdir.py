@@ -12,6 +12,7 @@ LOGGED = {  # the example's short run, and the directories its models log to
     "vowels": (["--epochs", "1", "--seq-len", "20"], ["memory", "no_memory"]),
     "spiking_vowels": (["--epochs", "1", "--seq-len", "16"], ["memory", "no_memory"]),
     "decoder": (["--length", "200", "--hidden", "16"], ["tbptt-1-8"]),
+    "sysid": (["--steps", "5"], ["duffing-windows-m25"]),
     "xlstm_lm": (["--steps", "4", "--max-chars", "20000", "--batch-size", "4"], ["tbptt-16-64", "tbptt-16-16"]),
     "memory_transformer": (
         ["--steps", "4", "--max-chars", "20000", "--batch-size", "4", "--width", "16"],

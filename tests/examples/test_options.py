@@ -15,7 +15,17 @@ from ignite_tbptt.examples.options import HelpFormatter, busy_cores_note
 
 from .documented import PATTERNS, figures, page_text
 
-EXAMPLES = ["char_lm", "vowels", "spiking_vowels", "decoder", "xlstm_lm", "memory_transformer", "mamba_lm", "fla_lm"]
+EXAMPLES = [
+    "char_lm",
+    "vowels",
+    "spiking_vowels",
+    "sysid",
+    "decoder",
+    "xlstm_lm",
+    "memory_transformer",
+    "mamba_lm",
+    "fla_lm",
+]
 PACKAGE = Path(__file__).parents[2] / "ignite_tbptt"
 POSITIVE = "got {}; pass a whole number of 1 or more"
 
@@ -53,6 +63,13 @@ REFUSED = {
         (["--k2", "0"], "argument --k2: " + POSITIVE.format(0)),
         (["--hidden", "0"], "argument --hidden: " + POSITIVE.format(0)),
         (["--epochs", "0"], "argument --epochs: " + POSITIVE.format(0)),
+    ],
+    "sysid": [
+        (["--steps", "0"], "argument --steps: " + POSITIVE.format(0)),
+        (["--burn-in", "-1"], "argument --burn-in: got -1; pass a whole number of 0 or more"),
+        (["--system", "silverbox"], "argument --system: invalid choice: 'silverbox' (choose from "),
+        (["--window", "20"], "--burn-in 25 leaves no step of a --window 20 in the loss: pass a shorter --burn-in"),
+        (["--method", "carried", "--window", "300"], "--window 300 in --batch-size 16 columns is more than the"),
     ],
     "decoder": [
         (["--length", "0"], "argument --length: " + POSITIVE.format(0)),
