@@ -46,10 +46,11 @@ class BurnIn:
         self.steps, self.gradient = steps, gradient
         #: ``(B,)``: each column's steps since its last fresh start, at the stream's position; ``None`` at its start.
         self.since: torch.Tensor | None = None
-        # Without gradient, of the last batch: the columns whose gradient stops, by step; whether every column is
-        # inside its burn-in, by step.
+        # Without gradient, of the last batch: the columns whose gradient stops, by step; by step, whether every
+        # column is inside its burn-in, and whether every column's burn-in ends there.
         self._stops: Resets = {}
         self._quiet: list[bool] = []
+        self._all_end: list[bool] = []
 
     def reset(self) -> None:
         """A new stream: every column starts afresh."""
@@ -69,12 +70,14 @@ class BurnIn:
         """The burn-in of the last batch's segment ``[start, end)``: ``(stops, graph_free)``.
 
         ``stops``: the columns (``(B,)`` bool) whose gradient stops at the segment's input state, or ``None``.
-        ``graph_free``: whether the segment needs no graph, every column inside a burn-in run without gradient
-        throughout; no loss's gradient reaches it, each stopping where its column's burn-in ends.
+        ``graph_free``: whether the segment needs no graph: every column is inside a burn-in run without gradient
+        throughout, and every column's burn-in ends where the segment ends, so that the gradient stops there in
+        all columns at once and none reaches the segment, even through a model that mixes its columns.
         """
         if self.gradient:
             return None, False
-        return self._stops.get(start), end > start and all(self._quiet[start:end])
+        quiet, all_end = self._quiet, self._all_end
+        return self._stops.get(start), start < end < len(all_end) and all_end[end] and all(quiet[start:end])
 
     def batch(self, length: int, columns: int, resets: Resets, device: Any) -> tuple[torch.Tensor, Resets]:
         """The next batch's burn-in, and the stream's count advanced past it.
@@ -103,8 +106,8 @@ class BurnIn:
         if self.gradient:
             return mask, {}
         ends = since == self.steps
-        flags = torch.stack([ends.any(1), mask.all(1)]).tolist()  # one read
-        self._quiet = flags[1]
+        flags = torch.stack([ends.any(1), mask.all(1), ends.all(1)]).tolist()  # one read
+        self._quiet, self._all_end = flags[1], flags[2]
         return mask, {t: ends[t] for t, ending in enumerate(flags[0]) if ending}
 
     def hparams(self) -> dict[str, Any]:

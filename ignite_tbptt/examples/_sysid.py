@@ -84,13 +84,16 @@ def train(
 ) -> float:
     """Train ``model`` on the estimation ``record`` for ``steps`` optimizer steps; returns the seconds it took.
 
-    Methods (each optimizer step on ``batch_size`` sequences, Adam at ``lr``, mean squared error):
+    Methods (Adam at ``lr``, mean squared error, one optimizer step a batch):
 
     - ``"windows"``: windows of ``window`` steps at random places of the record, shuffled, each from a zero state
-      (:class:`~ignite_tbptt.data.RecordingWindows`, ``carry_hidden=False``), one window per sequence and step;
+      (:class:`~ignite_tbptt.data.RecordingWindows`, ``carry_hidden=False``), ``batch_size`` of them a batch, each
+      backpropagated ``k2`` steps (default: whole);
     - ``"carried"``: the record as ``batch_size`` contiguous columns walked in order
-      (:func:`~ignite_tbptt.data.recording_columns`), TBPTT(``window``, ``k2``) with the state carried;
-    - ``"full"``: the whole record as one sequence, backpropagated whole at every step.
+      (:func:`~ignite_tbptt.data.recording_columns`), TBPTT(``window``, ``k2``) with the state carried, a batch of
+      ``window`` steps;
+    - ``"full"``: the whole record as one sequence, backpropagated whole at every step (``window``, ``k2`` and
+      ``batch_size`` unused).
 
     ``burn_in`` and ``burn_in_gradient`` go to the trainer (its first steps after each fresh start carry no loss);
     ``seed`` draws the windows' places and shuffles them; ``attach(trainer)`` may add handlers before the run.
@@ -128,7 +131,8 @@ def describe(args: argparse.Namespace) -> str:
     burn_in = burn_in if args.burn_in else ""
     k2 = args.k2 or args.window
     return {
-        "windows": f"windows of {args.window} steps at random places{burn_in}",
+        "windows": f"windows of {args.window} steps at random places{burn_in}"
+        + (f", TBPTT({args.window}, {k2})" if args.k2 else ""),
         "carried": f"{args.batch_size} columns, TBPTT({args.window}, {k2}) with the state carried{burn_in}",
         "full": f"the whole record backpropagated at every step{burn_in}",
     }[args.method]

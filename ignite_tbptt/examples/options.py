@@ -225,7 +225,7 @@ def busy_cores_note(fix: str, threads: int | None = None) -> str | None:
     Torch's CPU threads spin while they wait for each other: on idle cores the fastest way, but beside other
     processes each spinning thread takes turns with them, and the main job ran 6 to 90 times slower (the table in
     docs/howto/shared-cores.md). Letting them sleep instead (``OMP_WAIT_POLICY=PASSIVE``) cost 1.5 times on idle
-    cores (6.7 times for the system-identification example's tiny operations), and one thread was as fast as any on
+    cores (6-7 times for the system-identification example's tiny operations), and one thread was as fast as any on
     busy cores and 10-25% slower on idle ones: so the default stays torch's, and a command tells the user, once, as
     it starts, where the load average says other processes are running.
 

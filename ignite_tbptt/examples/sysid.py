@@ -11,9 +11,9 @@ system's output.
 Three ways to train it, the same model and optimizer (``--method``):
 
 - ``windows``: windows of ``--window`` steps cut at random places of the record and shuffled
-  (:class:`~ignite_tbptt.data.RecordingWindows`), each from a zero state, the first ``--burn-in`` steps of each run
-  but left out of the loss while the state warms up (Schiller, Heinrich, Lopez and Müller, "Tuning the burn-in phase
-  in training recurrent neural networks improves their performance", ICLR 2026);
+  (:class:`~ignite_tbptt.data.RecordingWindows`), each from a zero state; the model runs the first ``--burn-in``
+  steps of each, but their loss is left out while the state warms up (Schiller, Heinrich, Lopez and Müller,
+  "Tuning the burn-in phase in training recurrent neural networks improves their performance", ICLR 2026);
 - ``carried``: the record in ``--batch-size`` contiguous columns walked in order
   (:func:`~ignite_tbptt.data.recording_columns`), TBPTT(``--window``, ``--k2``), the state carried from window to
   window;
@@ -21,7 +21,7 @@ Three ways to train it, the same model and optimizer (``--method``):
 
 Run::
 
-    python -m ignite_tbptt.examples.sysid                 # windows, burn-in 25: about 6 s on 2 CPU cores
+    python -m ignite_tbptt.examples.sysid                 # windows, burn-in 25: 6-9 s on 2 CPU cores
     python -m ignite_tbptt.examples.sysid --burn-in 0     # the same without a burn-in
     python -m ignite_tbptt.examples.sysid --method carried --logdir runs/sysid  # and its TensorBoard curves
 
@@ -112,7 +112,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             f"--burn-in {args.burn_in} leaves no step of a --window {args.window} in the loss: pass a shorter "
             "--burn-in or a longer --window."
         )
-    if args.method != "windows" and args.window * args.batch_size > 4000:
+    if args.method == "full" and args.k2 is not None:
+        p.error("--method full backpropagates the whole record at every step: leave --k2 out.")
+    if args.method == "windows" and args.window > 4000:
+        p.error(f"--window {args.window} is longer than the record's 4000 samples: pass a shorter --window.")
+    if args.method == "carried" and args.window * args.batch_size > 4000:
         p.error(
             f"--window {args.window} in --batch-size {args.batch_size} columns is more than the record's 4000 "
             "samples: pass fewer or shorter."

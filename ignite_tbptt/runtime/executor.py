@@ -111,7 +111,8 @@ class SegmentExecutor:
         stream = self.stream
         hidden = stream.hidden
         hidden_in, inputs = (None, []) if hidden is None else hs.as_leaves(hidden, plan.hidden_requires_grad)
-        graph_free = graph_free and not self.backward_without_targets
+        # Not before the state-cut check has run once (it needs a graph), nor where every call must backpropagate.
+        graph_free = graph_free and self._state_cut_checked and not self.backward_without_targets
         recomputation = None if plan.backward_now else self._rerun(plan, x, hidden_in, resets, stops, graph_free)
         y_pred, hidden_out = self._forward(plan, x, hidden_in, resets, stops, graph_free)
         if not self._state_cut_checked and not graph_free and hs.has_graph(hidden):  # once, before its backward
@@ -120,7 +121,7 @@ class SegmentExecutor:
         if self._columns_to_check is not None:  # before the first reset uses it, and before any backward
             check_resettable(hidden_out, self._columns_to_check)
             self._columns_to_check = None
-        n = y.numel() if self.target_count_fn is None else self._count(y_pred, y)
+        n = y.numel() if self.target_count_fn is None else self._count(y_pred, y, graph_free)
         y_owed = None
         if plan.detaches_predictions:
             y_owed = [t.detach().requires_grad_(t.requires_grad or plan.rebuilt) for t in hs.flatten(y_pred)]
@@ -167,9 +168,14 @@ class SegmentExecutor:
         requires_grad = plan.hidden_requires_grad
         return Recomputation(x, hidden_in, rng.capture(x.device), version, requires_grad, resets, stops, graph_free)
 
-    def _count(self, y_pred: Any, y: Any) -> int:
+    def _count(self, y_pred: Any, y: Any, burn_in_only: bool = False) -> int:
         assert self.target_count_fn is not None, "called only with one"
         n = int(self.target_count_fn(y_pred, y))
+        if burn_in_only and n:
+            raise ValueError(
+                f"target_count_fn counted {n} targets in a segment whose targets are all a burn-in's, marked as "
+                "padding (NaN, or -100): count the targets that are not padding, as count_targets does."
+            )
         if isinstance(y, torch.Tensor) and not 0 <= n <= y.numel():
             raise ValueError(
                 f"target_count_fn counted {n} targets in a segment whose y has {y.numel()} elements: it is called as "

@@ -70,6 +70,8 @@ REFUSED = {
         (["--system", "silverbox"], "argument --system: invalid choice: 'silverbox' (choose from "),
         (["--window", "20"], "--burn-in 25 leaves no step of a --window 20 in the loss: pass a shorter --burn-in"),
         (["--method", "carried", "--window", "300"], "--window 300 in --batch-size 16 columns is more than the"),
+        (["--window", "5000"], "--window 5000 is longer than the record's 4000 samples: pass a shorter --window."),
+        (["--method", "full", "--k2", "10"], "--method full backpropagates the whole record at every step: leave --k2"),
     ],
     "decoder": [
         (["--length", "0"], "argument --length: " + POSITIVE.format(0)),

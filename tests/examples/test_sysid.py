@@ -57,6 +57,7 @@ def test_each_method_takes_the_steps_asked_for_on_batches_of_its_shape(method, s
 def test_the_burn_in_defaults_to_the_windows_alone():  # bad options: tests/examples/test_options.py
     assert sysid.parse_args([]).burn_in == 25
     assert sysid.parse_args(["--method", "carried"]).burn_in == sysid.parse_args(["--method", "full"]).burn_in == 0
+    assert sysid.parse_args(["--method", "full", "--window", "300", "--batch-size", "100"])  # neither is used
 
 
 @pytest.mark.slow
