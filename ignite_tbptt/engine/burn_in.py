@@ -7,9 +7,9 @@ indices), so that the loss (a :func:`~ignite_tbptt.masked_loss`, or ``cross_entr
 them out and the counted targets, which normalise every optimizer step, are those after the burn-in. The model still
 runs those steps and carries its state on. With gradient (the default), later losses backpropagate through the
 burn-in steps within k2, as through any other step; without, the gradient of each column stops at the state where
-its burn-in ends, as though that state were detached there, and a segment in which every column is inside its
-burn-in runs without a graph (no gradient could reach it); the burn-in steps of a segment that also holds other
-steps build a graph that no gradient reaches.
+its burn-in ends, as though that state were detached there, and a segment over which every column is inside its
+burn-in, all of them ending where it ends, runs without a graph (no gradient could reach it); other burn-in steps
+build a graph that no gradient reaches through their own column.
 
 A column's count of steps since its fresh start is carried from batch to batch along the stream, so a burn-in may
 span batches; it is part of the stream's state in a checkpoint.

@@ -382,8 +382,8 @@ def create_tbptt_trainer(
             batches (docs/howto/burn-in.md; Schiller et al., ICLR 2026). Default: 0, none.
         burn_in_gradient (bool): True: later losses backpropagate through the burn-in steps within k2. False: each
             column's gradient stops at the state where its burn-in ends, as R2D2's burn-in (Kapturowski et al., ICLR
-            2019, section 3), and a segment with every column inside its burn-in runs without a graph; not with
-            ``cuda_graphs``. Default: True.
+            2019, section 3), and steps where every column's burn-in runs, ending together, run without a graph;
+            not with ``cuda_graphs``. Default: True.
 
     Returns:
         A :class:`~ignite_tbptt.TBPTTEngine` (:class:`~ignite_tbptt.DeterministicTBPTTEngine` if ``deterministic``);
