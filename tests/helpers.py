@@ -24,6 +24,26 @@ def make_batches(lengths, batch=3, n_in=3, n_out=4, time_dim=0, seed=0):
     return batches
 
 
+def regression_batches(count, length, columns=3, seed=0, start_rate=0.0, padding=None):
+    """Batches ``(x, y)`` in float64, ``(T, B, 3)`` and ``(T, B, 4)``, for a regression by ``reference.Net``.
+
+    ``padding``: the steps (a slice) at which column 0's targets are NaN; ``start_rate``: where above 0, each batch
+    also has ``starts``, each step of each column starting a sequence with that probability.
+    """
+    g = torch.Generator().manual_seed(seed)
+    data = []
+    for _ in range(count):
+        x = torch.randn(length, columns, 3, generator=g, dtype=torch.float64)
+        y = torch.randn(length, columns, 4, generator=g, dtype=torch.float64)
+        if padding is not None:
+            y[padding, 0] = float("nan")
+        batch = (x, y)
+        if start_rate:
+            batch += (torch.rand(length, columns, generator=g) < start_rate,)
+        data.append(batch)
+    return data
+
+
 def sgd(model, lr=0.5):
     return torch.optim.SGD(model.parameters(), lr=lr, momentum=0.5)
 

@@ -12,22 +12,15 @@ import torch
 from ignite_tbptt import create_tbptt_trainer, masked_loss
 from ignite_tbptt.engine.burn_in import BurnIn
 
+from ..helpers import regression_batches
 from ..reference import Net, reference_train
 
 masked_mse = masked_loss(torch.nn.functional.mse_loss)
 
 
 def batches(count=3, length=11, columns=3, seed=0, starts=True, padding=True):
-    g = torch.Generator().manual_seed(seed)
-    data = []
-    for _ in range(count):
-        x = torch.randn(length, columns, 3, generator=g, dtype=torch.float64)
-        y = torch.randn(length, columns, 4, generator=g, dtype=torch.float64)
-        if padding:
-            y[8:, 0] = float("nan")
-        s = torch.rand(length, columns, generator=g) < 0.12
-        data.append((x, y, s) if starts else (x, y))
-    return data
+    padded = slice(8, None) if padding else None
+    return regression_batches(count, length, columns, seed, start_rate=0.12 if starts else 0.0, padding=padded)
 
 
 def trained(data, k1, k2, m, gradient, carry_hidden, accumulation=1, use_reference=False, recompute=None):

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 from ignite_tbptt import RandomWindows, TBPTTEvents, count_targets, create_tbptt_trainer  # noqa: E402
 from ignite_tbptt.lightning import TBPTTModule  # noqa: E402
 
+from ..helpers import regression_batches  # noqa: E402
 from ..reference import Net, reference_train  # noqa: E402
 
 
@@ -27,18 +28,8 @@ class SGDModule(TBPTTModule):
 
 
 def batches(count=4, length=20, columns=3, seed=0, starts=False, padding=False):
-    g = torch.Generator().manual_seed(seed)
-    data = []
-    for _ in range(count):
-        x = torch.randn(length, columns, 3, generator=g, dtype=torch.float64)
-        y = torch.randn(length, columns, 4, generator=g, dtype=torch.float64)
-        if padding:
-            y[3:9, 0] = float("nan")
-        batch = (x, y)
-        if starts:
-            batch += (torch.rand(length, columns, generator=g) < 0.08,)
-        data.append(batch)
-    return data
+    padded = slice(3, 9) if padding else None
+    return regression_batches(count, length, columns, seed, start_rate=0.08 if starts else 0.0, padding=padded)
 
 
 def masked_mse(y_pred, y):
