@@ -62,23 +62,20 @@ METHODS: dict[str, tuple[str, dict[str, Any], bool, float, tuple[int, int]]] = {
 }
 
 
-def fit(data: list, method: str, steps: int, seed: int, **options: Any) -> tuple[float, float]:
-    """A fresh model trained by ``method`` on the estimation record: its test error and the seconds it took."""
+def fit(data: list, method: str, steps: int, seed: int, record: int = 2, **options: Any) -> tuple[float, float]:
+    """A fresh model trained by ``method`` on the estimation record: its error and the seconds it took.
+
+    The error is a free run's over ``data[record]``: the test record (2), or the validation record (1).
+    """
     torch.manual_seed(seed)
     model = Simulator()
     seconds = train(model, data[0], method, steps=steps, window=N, batch_size=COLUMNS, seed=seed, **options)
-    return simulation_error(model, data[2]), seconds
+    return simulation_error(model, data[record]), seconds
 
 
 def tune(data: list, steps: int, seed: int) -> dict[int, float]:
     """The validation error of a windowed model with each burn-in of :data:`BURN_INS`, trained with ``seed``."""
-    errors = {}
-    for m in BURN_INS:
-        torch.manual_seed(seed)
-        model = Simulator()
-        train(model, data[0], "windows", steps=steps, window=N, batch_size=COLUMNS, seed=seed, burn_in=m)
-        errors[m] = simulation_error(model, data[1])
-    return errors
+    return {m: fit(data, "windows", steps, seed, record=1, burn_in=m)[0] for m in BURN_INS}
 
 
 def study(system: str, steps: int, seeds: list[int]) -> list[dict[str, Any]]:
